@@ -1,0 +1,235 @@
+"""Availability control: hold chosen pods un-Ready and release them one at a time.
+
+Every pod of the embedded cluster starts un-Ready; kwok makes it Ready once it carries the release
+annotation (see stages.py).  The releaser, a process of the cluster, annotates pods:
+- a pod no hold matches: after the default delay (seconds since the releaser first saw it);
+- a pod a hold matches: one pod per hold period, oldest first; a hold with no period releases nothing
+  until the drill releases pods itself.
+Holds are data in a ConfigMap (``drills-system/drills-availability``), so they outlive the drill process.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from .stages import RELEASE_ANNOTATION
+
+SYSTEM_NAMESPACE = "drills-system"
+CONFIGMAP = "drills-availability"
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _labels_match(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in (selector or {}).items())
+
+
+@dataclass
+class Hold:
+    id: str
+    namespace: str
+    selector: dict
+    period: float | None  # seconds between releases; None = released only by the drill
+    batch: bool = False   # release every pending matching pod together, once per period
+
+    def matches(self, namespace: str, labels: dict) -> bool:
+        return namespace == self.namespace and _labels_match(self.selector, labels)
+
+
+class Availability:
+    """The drill's side: write holds, release pods, set the default delay."""
+
+    def __init__(self, api: client.ApiClient):
+        self.core = client.CoreV1Api(api)
+
+    # the ConfigMap ----------------------------------------------------------------------------
+    def _read(self) -> tuple[dict, str | None]:
+        try:
+            cm = self.core.read_namespaced_config_map(CONFIGMAP, SYSTEM_NAMESPACE)
+        except ApiException as e:
+            if e.status == 404:
+                return {"default_delay": 1.0, "holds": []}, None
+            raise
+        return json.loads((cm.data or {}).get("config.json") or "{}") or {"holds": []}, cm.metadata.resource_version
+
+    def _write(self, data: dict, rv: str | None) -> None:
+        body = {"metadata": {"name": CONFIGMAP, "namespace": SYSTEM_NAMESPACE},
+                "data": {"config.json": json.dumps(data, sort_keys=True)}}
+        if rv is None:
+            self.core.create_namespaced_config_map(SYSTEM_NAMESPACE, body)
+        else:
+            body["metadata"]["resourceVersion"] = rv
+            self.core.replace_namespaced_config_map(CONFIGMAP, SYSTEM_NAMESPACE, body)
+
+    def _update(self, fn) -> dict:
+        for _ in range(10):
+            data, rv = self._read()
+            data.setdefault("holds", [])
+            fn(data)
+            try:
+                self._write(data, rv)
+                return data
+            except ApiException as e:
+                if e.status in (409,):
+                    continue
+                raise
+        raise RuntimeError("could not update availability holds (conflicts)")
+
+    def config(self) -> dict:
+        return self._read()[0]
+
+    def set_default_delay(self, seconds: float) -> None:
+        self._update(lambda d: d.__setitem__("default_delay", float(seconds)))
+
+    def hold(self, namespace: str, selector: dict, period: float | None, batch: bool = False) -> str:
+        hid = uuid.uuid4().hex[:8]
+        self._update(lambda d: d["holds"].append(
+            {"id": hid, "namespace": namespace, "selector": dict(selector), "period": period, "batch": batch}))
+        return hid
+
+    def unhold(self, hold_id: str) -> None:
+        self._update(lambda d: d.__setitem__("holds", [h for h in d["holds"] if h["id"] != hold_id]))
+
+    def clear(self, namespace: str | None = None) -> None:
+        self._update(lambda d: d.__setitem__(
+            "holds", [h for h in d["holds"] if namespace is not None and h["namespace"] != namespace]))
+
+    def release_pod(self, namespace: str, name: str) -> None:
+        self.core.patch_namespaced_pod(name, namespace,
+                                       {"metadata": {"annotations": {RELEASE_ANNOTATION: _now_iso()}}})
+
+
+# --- the releaser process -------------------------------------------------------------------------
+class Releaser:
+    def __init__(self, api: client.ApiClient):
+        self.core = client.CoreV1Api(api)
+        self.lock = threading.Lock()
+        self.pending: dict[tuple[str, str], dict] = {}   # (ns, name) -> {"labels", "seen", "created"}
+        self.conf: dict = {"default_delay": 1.0, "holds": []}
+        self.last_release: dict[str, float] = {}
+        self.stop = threading.Event()
+
+    def _watch_pods(self):
+        while not self.stop.is_set():
+            try:
+                lst = self.core.list_pod_for_all_namespaces()
+                with self.lock:
+                    now = time.monotonic()
+                    current = set()
+                    for p in lst.items:
+                        self._note(p, now)
+                        current.add((p.metadata.namespace, p.metadata.name))
+                    for k in list(self.pending):
+                        if k not in current:
+                            del self.pending[k]
+                w = watch.Watch()
+                for ev in w.stream(self.core.list_pod_for_all_namespaces,
+                                   resource_version=lst.metadata.resource_version, timeout_seconds=300):
+                    if self.stop.is_set():
+                        w.stop()
+                        break
+                    p = ev["object"]
+                    with self.lock:
+                        if ev["type"] == "DELETED":
+                            self.pending.pop((p.metadata.namespace, p.metadata.name), None)
+                        else:
+                            self._note(p, time.monotonic())
+            except Exception as e:  # relist on 410 and on dropped connections
+                print(f"releaser: pod watch restarted: {e}", file=sys.stderr, flush=True)
+                time.sleep(0.2)
+
+    def _note(self, p, now):
+        key = (p.metadata.namespace, p.metadata.name)
+        ann = p.metadata.annotations or {}
+        if RELEASE_ANNOTATION in ann or p.metadata.deletion_timestamp is not None:
+            self.pending.pop(key, None)
+            return
+        if key not in self.pending:
+            self.pending[key] = {"labels": dict(p.metadata.labels or {}), "seen": now,
+                                 "created": p.metadata.creation_timestamp}
+
+    def _watch_config(self):
+        while not self.stop.is_set():
+            try:
+                w = watch.Watch()
+                for ev in w.stream(self.core.list_namespaced_config_map, SYSTEM_NAMESPACE,
+                                   field_selector=f"metadata.name={CONFIGMAP}", timeout_seconds=300):
+                    if self.stop.is_set():
+                        w.stop()
+                        break
+                    if ev["type"] != "DELETED":
+                        data = json.loads((ev["object"].data or {}).get("config.json") or "{}")
+                        with self.lock:
+                            self.conf = {"default_delay": float(data.get("default_delay", 1.0)),
+                                         "holds": data.get("holds", [])}
+            except Exception as e:
+                print(f"releaser: config watch restarted: {e}", file=sys.stderr, flush=True)
+                time.sleep(0.2)
+
+    def _decide(self) -> list[tuple[str, str]]:
+        now = time.monotonic()
+        holds = [Hold(h["id"], h["namespace"], h.get("selector") or {}, h.get("period"), bool(h.get("batch")))
+                 for h in self.conf["holds"]]
+        to_release = []
+        by_hold: dict[str, list] = {}
+        for key, info in self.pending.items():
+            hold = next((h for h in holds if h.matches(key[0], info["labels"])), None)
+            if hold is None:
+                if now - info["seen"] >= self.conf["default_delay"]:
+                    to_release.append(key)
+            else:
+                by_hold.setdefault(hold.id, []).append((info["seen"], key))
+        for h in holds:
+            queue = sorted(by_hold.get(h.id, []))
+            if not queue or h.period is None:
+                continue
+            start = max(self.last_release.get(h.id, 0.0), queue[0][0])
+            if now - start >= h.period:
+                to_release.extend([k for _, k in queue] if h.batch else [queue[0][1]])
+                self.last_release[h.id] = now
+        return to_release
+
+    def run(self):
+        for target in (self._watch_pods, self._watch_config):
+            threading.Thread(target=target, daemon=True).start()
+        while not self.stop.is_set():
+            with self.lock:
+                keys = self._decide()
+            for ns, name in keys:
+                try:
+                    self.core.patch_namespaced_pod(name, ns,
+                                                   {"metadata": {"annotations": {RELEASE_ANNOTATION: _now_iso()}}})
+                    print(f"{_now_iso()} released {ns}/{name}", flush=True)
+                except ApiException as e:
+                    if e.status != 404:
+                        print(f"releaser: release {ns}/{name} failed: {e.status}", file=sys.stderr, flush=True)
+                with self.lock:
+                    self.pending.pop((ns, name), None)
+            self.stop.wait(0.05)
+
+
+def main(argv=None) -> int:
+    from kubernetes import config as kconfig
+    ap = argparse.ArgumentParser(prog="drills-releaser")
+    ap.add_argument("--kubeconfig", required=True)
+    args = ap.parse_args(argv)
+    api = kconfig.new_client_from_config(config_file=args.kubeconfig)
+    r = Releaser(api)
+    signal.signal(signal.SIGTERM, lambda *a: r.stop.set())
+    r.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Settings: pinned versions, cache location, defaults.
+
+Every pinned version of every component lives here and nowhere else.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+# --- pinned component versions (built from Go modules only) -----------------
+KUBERNETES_VERSION = "v1.36.3"
+KWOK_VERSION = "v0.8.0"
+ETCD_VERSION = "v3.6.16"
+HELM_VERSION = "v3.19.5"
+ISTIO_API_VERSION = "v1.32.0"
+REGISTRY_VERSION = "v3.1.2"
+PROMETHEUS_VERSION = "v0.316.0"
+
+# Go toolchain for modules that declare a newer go directive than the machine's.
+NEWER_GO_TOOLCHAIN = "go1.27.3"
+
+# --- Argo Rollouts ------------------------------------------------------------
+ROLLOUTS_MODULE = "github.com/argoproj/argo-rollouts"
+SUPPORTED_CONTROLLERS = ("v1.7.2", "v1.8.2", "v1.8.5", "v1.9.3", "v1.10.2")
+DEFAULT_CONTROLLER = "v1.8.2"
+# The versions the README's test command exercises.
+TEST_CONTROLLERS = ("v1.8.2", "v1.10.2")
+
+VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?$")
+
+
+def normalise_version(text: str) -> str | None:
+    """'1.8.2', 'v1.8.2', 'v1.8.2+unknown' -> 'v1.8.2'; None when not a version."""
+    text = text.strip().split("+", 1)[0]
+    m = VERSION_RE.match(text)
+    if not m:
+        return None
+    return "v" + text.lstrip("v")
+
+
+def version_tuple(v: str) -> tuple[int, int, int]:
+    m = VERSION_RE.match(v)
+    if not m:
+        raise ValueError(f"not a version: {v!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DRILLS_CACHE") or Path.home() / ".cache" / "drills").expanduser()
+
+
+def clusters_dir() -> Path:
+    return cache_dir() / "clusters"
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def fixtures_dir() -> Path:
+    return project_root() / "fixtures"
+
+
+def reports_dir() -> Path:
+    return Path(os.environ.get("DRILLS_REPORTS") or project_root() / "reports")
+
+
+def user_config_file() -> Path:
+    return Path(os.environ.get("DRILLS_CONFIG") or Path.home() / ".config" / "drills" / "config.yaml")
+
+
+# --- drill defaults -------------------------------------------------------------
+EMBEDDED_CLUSTER_NAME = os.environ.get("DRILLS_CLUSTER", "drills")
+NAMESPACE_OPT_IN_LABEL = "drills.dev/allow"
+DEFAULT_POD_READY_DELAY = 1.0        # seconds an unheld pod waits before Ready
+DEFAULT_HOLD_SECONDS = 15.0          # per pod under a hold

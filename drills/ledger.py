@@ -1,0 +1,97 @@
+"""The record: one row per assertion, kept in reports/<run-id>/ledger.json (a JSON array).
+
+Fields (DESIGN.md §4): run_id, target, controller_version, lane, step, assertion, expected, observed,
+verdict, evidence; plus reason (for inconclusive / not_applicable), controller_sha256 (user-built
+controllers) and free-form details.  Several processes of one run (one per controller version) append
+to the same file under a lock.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+PASS, FAIL, INCONCLUSIVE, UNVERIFIED, NOT_APPLICABLE = "pass", "fail", "inconclusive", "unverified", "not_applicable"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE, UNVERIFIED, NOT_APPLICABLE)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path) + ".lock", "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lk, fcntl.LOCK_UN)
+
+
+def read_rows(path: Path) -> list[dict]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return []
+    return data if isinstance(data, list) else []
+
+
+class Ledger:
+    def __init__(self, run_dir: Path, run_id: str, target: str, controller_version: str,
+                 controller_sha256: str | None = None):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "ledger.json"
+        self.run_id = run_id
+        self.target = target
+        self.controller_version = controller_version
+        self.controller_sha256 = controller_sha256
+        self.rows: list[dict] = []
+
+    def record(self, lane: str, step: str, assertion: str, expected, observed, verdict: str,
+               evidence: str | None = None, reason: str | None = None, **details) -> dict:
+        if verdict not in VERDICTS:
+            raise ValueError(f"unknown verdict {verdict!r}")
+        if verdict in (INCONCLUSIVE, NOT_APPLICABLE) and not reason:
+            raise ValueError(f"a {verdict} row needs a reason")
+        row = {
+            "run_id": self.run_id, "target": self.target, "controller_version": self.controller_version,
+            "lane": lane, "step": step, "assertion": assertion, "expected": expected, "observed": observed,
+            "verdict": verdict, "evidence": self._rel(evidence), "reason": reason,
+            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        if self.controller_sha256:
+            row["controller_sha256"] = self.controller_sha256
+        if details:
+            row["details"] = details
+        self.rows.append(row)
+        with _locked(self.path):
+            rows = read_rows(self.path)
+            rows.append(row)
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(rows, indent=2, default=str))
+            os.replace(tmp, self.path)
+        return row
+
+    def _rel(self, evidence):
+        if not evidence:
+            return None
+        p = Path(evidence)
+        try:
+            return str(p.resolve().relative_to(self.run_dir.resolve()))
+        except ValueError:
+            return str(p)
+
+
+def exit_code(rows: list[dict]) -> int:
+    """0 all pass, 1 any fail, 3 any inconclusive (fail wins)."""
+    verdicts = {r.get("verdict") for r in rows}
+    if FAIL in verdicts:
+        return 1
+    if INCONCLUSIVE in verdicts:
+        return 3
+    return 0

@@ -1,0 +1,439 @@
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from .. import config
+
+
+class BuildError(RuntimeError):
+    """A component failed to build; the message names module, version and Go's error."""
+
+
+class UnknownVersion(ValueError):
+    """Not a version string, or not served by the Go module proxy."""
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str                      # cache folder name: kubernetes, kwok, etcd, helm, rollouts, ...
+    module: str                    # Go module the wrapper requires
+    version: str                   # module version
+    binaries: dict = field(default_factory=dict)   # output name -> package path
+    ldflags: tuple = ()
+    gotoolchain: str | None = None
+    extra: str | None = None       # post-build step: "rollouts", "kwok", "istio"
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+def _k8s_ldflags(v: str) -> tuple:
+    major, minor, _ = config.version_tuple(v)
+    pkg = "k8s.io/component-base/version"
+    return (f"-X {pkg}.gitVersion={v}", f"-X {pkg}.gitMajor={major}", f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean")
+
+
+def needs_newer_go(version: str) -> bool:
+    return config.version_tuple(version) >= (1, 9, 0)
+
+
+def rollouts_component(version: str) -> Component:
+    bare = version.lstrip("v")
+    return Component(
+        name="rollouts", module=config.ROLLOUTS_MODULE, version=version,
+        binaries={"rollouts-controller": f"{config.ROLLOUTS_MODULE}/cmd/rollouts-controller",
+                  "kubectl-argo-rollouts": f"{config.ROLLOUTS_MODULE}/cmd/kubectl-argo-rollouts"},
+        ldflags=(f"-X {config.ROLLOUTS_MODULE}/utils/version.version={bare}",),
+        gotoolchain=config.NEWER_GO_TOOLCHAIN if needs_newer_go(version) else None,
+        extra="rollouts",
+    )
+
+
+def base_components() -> list[Component]:
+    k = config.KUBERNETES_VERSION
+    return [
+        Component("etcd", "go.etcd.io/etcd/server/v3", config.ETCD_VERSION,
+                  {"etcd": "go.etcd.io/etcd/server/v3"}),
+        Component("kwok", "sigs.k8s.io/kwok", config.KWOK_VERSION,
+                  {"kwok": "sigs.k8s.io/kwok/cmd/kwok", "kwokctl": "sigs.k8s.io/kwok/cmd/kwokctl"},
+                  extra="kwok"),
+        Component("kubernetes", "k8s.io/kubernetes", k,
+                  {n: f"k8s.io/kubernetes/cmd/{n}" for n in
+                   ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")},
+                  ldflags=_k8s_ldflags(k)),
+        Component("helm", "helm.sh/helm/v3", config.HELM_VERSION, {"helm": "helm.sh/helm/v3/cmd/helm"},
+                  ldflags=(f"-X helm.sh/helm/v3/internal/version.version={config.HELM_VERSION}",)),
+        Component("istio-crds", "istio.io/api", config.ISTIO_API_VERSION, {}, extra="istio"),
+    ]
+
+
+def optional_components() -> dict[str, Component]:
+    return {
+        "registry": Component("registry", "github.com/distribution/distribution/v3", config.REGISTRY_VERSION,
+                              {"registry": "github.com/distribution/distribution/v3/cmd/registry"}),
+        "prometheus": Component(
+            "prometheus", "github.com/prometheus/prometheus", config.PROMETHEUS_VERSION,
+            {"prometheus": "github.com/prometheus/prometheus/cmd/prometheus"},
+            ldflags=(f"-X github.com/prometheus/common/version.Version={config.PROMETHEUS_VERSION.lstrip('v')}",)),
+    }
+
+
+def resolve_controller_versions(spec: str | list[str] | None, check_served: bool = True) -> list[str]:
+    """'v1.8.2,1.10.2' / 'all' / None -> normalised versions.  Raises UnknownVersion."""
+    if spec is None or spec == "":
+        return [config.DEFAULT_CONTROLLER]
+    items = spec if isinstance(spec, list) else [s for s in spec.split(",") if s.strip()]
+    out: list[str] = []
+    for item in items:
+        item = item.strip()
+        if item == "all":
+            out.extend(v for v in config.SUPPORTED_CONTROLLERS if v not in out)
+            continue
+        v = config.normalise_version(item)
+        if v is None:
+            raise UnknownVersion(f"unknown controller version {item!r}: not a version string. "
+                                 f"Tested versions: {', '.join(config.SUPPORTED_CONTROLLERS)}")
+        if v not in config.SUPPORTED_CONTROLLERS and check_served and not _module_served(config.ROLLOUTS_MODULE, v):
+            raise UnknownVersion(f"unknown controller version {v}: the Go module proxy does not serve "
+                                 f"{config.ROLLOUTS_MODULE}@{v}. Tested versions: "
+                                 f"{', '.join(config.SUPPORTED_CONTROLLERS)}")
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def _module_served(module: str, version: str) -> bool:
+    env = dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod")
+    r = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    try:
+        info = json.loads(r.stdout)
+    except ValueError:
+        return False
+    err = info.get("Error", "")
+    # "requires go >= X" still means the module is served.
+    return bool(info.get("GoMod")) and (not err or "requires go" in err)
+
+
+def components_for(controllers: list[str], extras: list[str] = ()) -> list[Component]:
+    comps = base_components()
+    opt = optional_components()
+    comps += [opt[e] for e in extras]
+    comps += [rollouts_component(v) for v in controllers]
+    return comps
+
+
+# ---------------------------------------------------------------------------------------------
+
+_REQ_RE = re.compile(r"^\s*([^\s]+)\s+(v[^\s]+)")
+
+
+def parse_gomod(text: str) -> dict:
+    """Minimal go.mod reader: go directive, requires, replaces."""
+    go = None
+    requires: dict[str, str] = {}
+    replaces: list[tuple[str, str | None, str, str | None]] = []
+    block = None
+    for raw in text.splitlines():
+        line = raw.split("//", 1)[0].strip()
+        if not line:
+            continue
+        if block:
+            if line == ")":
+                block = None
+                continue
+            body = line
+        else:
+            word, _, body = line.partition(" ")
+            body = body.strip()
+            if word == "go":
+                go = body
+                continue
+            if word in ("require", "replace"):
+                if body == "(":
+                    block = word
+                    continue
+                block_once = word
+                _apply(block_once, body, requires, replaces)
+                continue
+            continue
+        _apply(block, body, requires, replaces)
+    return {"go": go, "require": requires, "replace": replaces}
+
+
+def _apply(kind, body, requires, replaces):
+    if kind == "require":
+        m = _REQ_RE.match(body)
+        if m:
+            requires[m.group(1)] = m.group(2)
+    elif kind == "replace":
+        left, _, right = body.partition("=>")
+        lp = left.split()
+        rp = right.split()
+        if not lp or not rp:
+            return
+        replaces.append((lp[0], lp[1] if len(lp) > 1 else None, rp[0], rp[1] if len(rp) > 1 else None))
+
+
+def wrapper_gomod(comp: Component, target: dict) -> str:
+    """The wrapper module's go.mod: require the target and repeat its replace block.
+
+    Relative (directory) replaces cannot be followed from a module zip: they become a replace to the
+    published module at the version the target requires, or, for Kubernetes' v0.0.0 staging
+    placeholders, at v0.<minor>.<patch> of the Kubernetes version.  Replaces of modules the target
+    does not require (guards such as FORBIDDEN_DEPENDENCY) are dropped.
+    """
+    lines = ["module drills.local/build/" + re.sub(r"[^A-Za-z0-9]+", "-", comp.key), ""]
+    if target.get("go"):
+        lines.append(f"go {target['go']}")
+        lines.append("")
+    lines.append(f"require {comp.module} {comp.version}")
+    lines.append("")
+    reps = []
+    for old, old_v, new, new_v in target["replace"]:
+        if new.startswith(".") or new.startswith("/"):
+            req = target["require"].get(old)
+            if req is None:
+                continue
+            if req.startswith("v0.0.0") and comp.module == "k8s.io/kubernetes":
+                _, minor, patch = config.version_tuple(comp.version)
+                req = f"v0.{minor}.{patch}"
+            reps.append(f"\t{old} => {old} {req}")
+        else:
+            left = f"{old} {old_v}" if old_v else old
+            right = f"{new} {new_v}" if new_v else new
+            reps.append(f"\t{left} => {right}")
+    if reps:
+        lines.append("replace (")
+        lines.extend(reps)
+        lines.append(")")
+    return "\n".join(lines) + "\n"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Toolchain:
+    """Builds components into the cache and tells where their files are."""
+
+    def __init__(self, root: Path | None = None, log: Callable[[str], None] | None = None):
+        self.root = Path(root or config.cache_dir())
+        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+    # --- paths ------------------------------------------------------------------------------
+    def dir(self, comp: Component) -> Path:
+        return self.root / comp.name / comp.version
+
+    def stamp(self, comp: Component) -> Path:
+        return self.dir(comp) / "BUILD.json"
+
+    def is_built(self, comp: Component) -> bool:
+        st = self.stamp(comp)
+        if not st.exists():
+            return False
+        return all((self.dir(comp) / b).exists() for b in comp.binaries)
+
+    def bin(self, name: str, version: str, binary: str) -> Path:
+        return self.root / name / version / binary
+
+    def kube_bin(self, binary: str) -> Path:
+        return self.bin("kubernetes", config.KUBERNETES_VERSION, binary)
+
+    def rollouts_dir(self, version: str) -> Path:
+        return self.root / "rollouts" / version
+
+    # --- building ---------------------------------------------------------------------------
+    def ensure(self, comps: list[Component]) -> None:
+        todo = [c for c in comps if not self.is_built(c)]
+        if not todo:
+            return
+        self.log(f"toolchain: {len(todo)} component(s) to build: {', '.join(c.key for c in todo)}")
+        for i, comp in enumerate(todo, 1):
+            self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} ...")
+            t0 = time.monotonic()
+            self.build(comp)
+            self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} built in {time.monotonic() - t0:.0f}s")
+
+    def _env(self, comp: Component) -> dict:
+        env = dict(os.environ)
+        env["GOTOOLCHAIN"] = comp.gotoolchain or "local"
+        env["GOFLAGS"] = "-mod=mod -buildvcs=false"
+        env.setdefault("CGO_ENABLED", "0")
+        return env
+
+    def _run(self, comp: Component, args: list[str], cwd: Path, logf, what: str, progress: bool = False) -> str:
+        logf.write(f"$ {' '.join(args)}\n")
+        logf.flush()
+        proc = subprocess.Popen(args, cwd=cwd, env=self._env(comp), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        out: list[str] = []
+        t0 = time.monotonic()
+        count = [0]
+        stop = threading.Event()
+
+        def ticker():
+            while not stop.wait(20):
+                self.log(f"toolchain:   {comp.key} {what}: {count[0]} packages, "
+                         f"{time.monotonic() - t0:.0f}s elapsed")
+
+        th = threading.Thread(target=ticker, daemon=True)
+        if progress:
+            th.start()
+        assert proc.stdout
+        for line in proc.stdout:
+            out.append(line)
+            logf.write(line)
+            if not line.startswith("#") and not line.startswith("go:"):
+                count[0] += 1
+        rc = proc.wait()
+        stop.set()
+        logf.flush()
+        if rc != 0:
+            tail = "".join(out[-25:]).strip()
+            raise BuildError(f"building {comp.module}@{comp.version} failed ({what}, exit {rc}):\n{tail}")
+        return "".join(out)
+
+    def build(self, comp: Component) -> None:
+        dest = self.dir(comp)
+        work = self.root / "build" / re.sub(r"[^A-Za-z0-9.]+", "-", comp.key)
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        dest.mkdir(parents=True, exist_ok=True)
+        logs = self.root / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        logpath = logs / f"{comp.name}-{comp.version}.log"
+        t0 = time.monotonic()
+        with open(logpath, "w") as logf:
+            try:
+                raw = self._run(comp, ["go", "mod", "download", "-json", f"{comp.module}@{comp.version}"], work, logf,
+                                "download")
+            except BuildError as e:
+                raise BuildError(f"{comp.module}@{comp.version} could not be downloaded from the Go module "
+                                 f"proxy: {e}") from None
+            info = json.loads(raw[raw.index("{"):])
+            if info.get("Error"):
+                raise BuildError(f"{comp.module}@{comp.version}: {info['Error']}")
+            moddir = Path(info["Dir"])
+            target = parse_gomod(Path(info["GoMod"]).read_text())
+            built: dict[str, str] = {}
+            if comp.binaries:
+                (work / "go.mod").write_text(wrapper_gomod(comp, target))
+                imports = "\n".join(f'\t_ "{p}"' for p in sorted(set(comp.binaries.values())))
+                (work / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
+                self._run(comp, ["go", "mod", "tidy"], work, logf, "go mod tidy")
+                for out_name, pkg in comp.binaries.items():
+                    args = ["go", "build", "-v", "-trimpath", "-o", str(dest / out_name)]
+                    if comp.ldflags:
+                        args += ["-ldflags", " ".join(comp.ldflags)]
+                    args.append(pkg)
+                    self._run(comp, args, work, logf, f"go build {out_name}", progress=True)
+                    built[out_name] = sha256_file(dest / out_name)
+            if comp.extra == "rollouts":
+                self._collect_rollouts(moddir, dest)
+            elif comp.extra == "kwok":
+                self._collect_kwok(moddir, dest)
+            elif comp.extra == "istio":
+                self._collect_istio(moddir, dest)
+        stamp = {"module": comp.module, "version": comp.version, "binaries": built,
+                 "build_seconds": round(time.monotonic() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                            time.gmtime()),
+                 "gotoolchain": comp.gotoolchain or "local", "log": str(logpath)}
+        self.stamp(comp).write_text(json.dumps(stamp, indent=2))
+        shutil.rmtree(work, ignore_errors=True)
+
+    # --- data that ships inside the modules -----------------------------------------------
+    @staticmethod
+    def _collect_rollouts(moddir: Path, dest: Path) -> None:
+        crds = dest / "crds"
+        crds.mkdir(exist_ok=True)
+        for f in sorted((moddir / "manifests" / "crds").glob("*-crd.yaml")):
+            shutil.copyfile(f, crds / f.name)
+        src = dest / "source"
+        src.mkdir(exist_ok=True)
+        shutil.copyfile(moddir / "rollout" / "trafficrouting.go", src / "trafficrouting.go")
+
+    @staticmethod
+    def _collect_kwok(moddir: Path, dest: Path) -> None:
+        stages = dest / "stages"
+        stages.mkdir(exist_ok=True)
+        base = moddir / "kustomize" / "stage"
+        for rel in ("node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+                    "pod/general/pod-create.yaml", "pod/general/pod-init-container-running.yaml",
+                    "pod/general/pod-init-container-completed.yaml", "pod/general/pod-ready.yaml",
+                    "pod/general/pod-complete.yaml", "pod/general/pod-delete.yaml"):
+            shutil.copyfile(base / rel, stages / Path(rel).name)
+
+    @staticmethod
+    def _collect_istio(moddir: Path, dest: Path) -> None:
+        docs = yaml.safe_load_all((moddir / "kubernetes" / "customresourcedefinitions.gen.yaml").read_text())
+        want = {"virtualservices.networking.istio.io", "destinationrules.networking.istio.io"}
+        picked = [d for d in docs if d and d.get("metadata", {}).get("name") in want]
+        if len(picked) != 2:
+            raise BuildError(f"istio.io/api: expected VirtualService and DestinationRule CRDs, found {len(picked)}")
+        (dest / "crds.yaml").write_text(yaml.safe_dump_all(picked, sort_keys=False))
+
+    def ensure_crds(self, version: str) -> Path:
+        """The CRDs of a release, without building it (from its module)."""
+        built = self.rollouts_dir(version) / "crds"
+        if built.is_dir() and list(built.glob("*.yaml")):
+            return built
+        dest = self.root / "rollouts-crds" / version
+        if dest.is_dir() and list(dest.glob("*.yaml")):
+            return dest
+        comp = rollouts_component(version)
+        r = subprocess.run(["go", "mod", "download", "-json", f"{comp.module}@{version}"], capture_output=True,
+                           text=True, env=self._env(comp), timeout=600)
+        info = json.loads(r.stdout or "{}")
+        if not info.get("Dir"):
+            raise BuildError(f"{comp.module}@{version}: {info.get('Error') or r.stderr.strip()}")
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in sorted((Path(info["Dir"]) / "manifests" / "crds").glob("*-crd.yaml")):
+            shutil.copyfile(f, dest / f.name)
+        return dest
+
+    # --- listing ----------------------------------------------------------------------------
+    def listing(self) -> list[dict]:
+        rows = []
+        seen = set()
+        for comp in components_for(list(config.SUPPORTED_CONTROLLERS), list(optional_components())):
+            seen.add(comp.key)
+            rows.append(self._row(comp, supported=True))
+        rdir = self.root / "rollouts"
+        if rdir.exists():
+            for d in sorted(rdir.iterdir()):
+                comp = rollouts_component(d.name)
+                if comp.key not in seen and self.is_built(comp):
+                    rows.append(self._row(comp, supported=False))
+        return rows
+
+    def _row(self, comp: Component, supported: bool) -> dict:
+        built = self.is_built(comp)
+        row = {"component": comp.name, "version": comp.version, "module": comp.module, "built": built,
+               "supported": supported, "path": str(self.dir(comp)) if built else None}
+        if built:
+            try:
+                row["build_seconds"] = json.loads(self.stamp(comp).read_text()).get("build_seconds")
+            except ValueError:
+                pass
+        return row

@@ -1,0 +1,165 @@
+"""The embedded cluster runs the real controller, which writes real VirtualService weights."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from kubernetes import client
+
+from drills import config
+from drills.cluster import Availability, EmbeddedCluster, pid_alive
+from drills.cluster.embedded import listening_ports_of
+from drills.probe import ProbeSpec, manifests
+from drills.rollout import HASH_LABEL, Predicate, Rollouts, healthy, paused
+
+
+def _vs_weights(kube, ns, name):
+    vs = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        "networking.istio.io", "v1alpha3", ns, "virtualservices", name)
+    return {r["destination"]["subset"]: r.get("weight", 0) for r in vs["spec"]["http"][0]["route"]}
+
+
+def _deploy(kube, ns, spec):
+    m = manifests(spec, ns)
+    co = client.CustomObjectsApi(kube)
+    for svc in m["services"]:
+        client.CoreV1Api(kube).create_namespaced_service(ns, svc)
+    co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", ns, "destinationrules", m["destinationrule"])
+    co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", ns, "virtualservices", m["virtualservice"])
+    ro = Rollouts(kube, ns)
+    ro.create(m["rollout"])
+    return ro
+
+
+def test_controller_writes_istio_weights_and_promotes(kube, namespace, controller_version, cluster):
+    assert cluster.status()["controller_version"] == controller_version
+    spec = ProbeSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=4, min_pods=1, name="web")
+    ro = _deploy(kube, namespace, spec)
+    ro.wait("web", healthy(), 90)
+    assert _vs_weights(kube, namespace, "web") == {"stable": 100, "canary": 0}
+
+    ro.set_image("web", "registry.local/web:v2")
+    obj = ro.wait("web", Predicate("paused at step 1", lambda o: paused()(o) and o["status"].get("currentStepIndex") == 1),
+                  90)
+    deadline = time.monotonic() + 15     # the Rollout status is written before the VirtualService
+    while _vs_weights(kube, namespace, "web") != {"stable": 75, "canary": 25} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _vs_weights(kube, namespace, "web") == {"stable": 75, "canary": 25}
+    assert obj["status"]["canary"]["weights"]["canary"]["weight"] == 25
+
+    dr = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        "networking.istio.io", "v1alpha3", namespace, "destinationrules", "web")
+    subsets = {s["name"]: s["labels"] for s in dr["spec"]["subsets"]}
+    assert subsets["canary"][HASH_LABEL] == obj["status"]["currentPodHash"]
+    assert subsets["stable"][HASH_LABEL] == obj["status"]["stableRS"]
+    assert subsets["canary"][HASH_LABEL] != subsets["stable"][HASH_LABEL]
+
+    ro.promote("web")
+    ro.wait("web", Predicate("Healthy at the new pod hash", lambda o: healthy()(o) and
+                             o["status"]["stableRS"] == obj["status"]["currentPodHash"]), 90)
+    deadline = time.monotonic() + 15
+    while _vs_weights(kube, namespace, "web") != {"stable": 100, "canary": 0} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _vs_weights(kube, namespace, "web") == {"stable": 100, "canary": 0}
+
+
+@pytest.mark.single_version
+def test_held_pod_stays_unavailable_until_released(kube, namespace, cluster):
+    av = Availability(kube)
+    hid = av.hold(namespace, {"app.kubernetes.io/name": "held"}, None)
+    try:
+        spec = ProbeSpec(steps=[{"setWeight": 50}], replicas=2, name="held")
+        ro = _deploy(kube, namespace, spec)
+        apps = client.AppsV1Api(kube)
+        core = client.CoreV1Api(kube)
+        deadline = time.monotonic() + 30
+        pods = []
+        while time.monotonic() < deadline and len(pods) < 2:
+            pods = core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/name=held").items
+            time.sleep(0.1)
+        assert len(pods) == 2
+        time.sleep(4)        # well past the default release delay
+        rs = apps.list_namespaced_replica_set(namespace).items[0]
+        assert rs.spec.replicas == 2 and (rs.status.available_replicas or 0) == 0
+        av.release_pod(namespace, pods[0].metadata.name)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            rs = apps.read_namespaced_replica_set(rs.metadata.name, namespace)
+            if (rs.status.available_replicas or 0) == 1:
+                break
+            time.sleep(0.1)
+        time.sleep(2)
+        rs = apps.read_namespaced_replica_set(rs.metadata.name, namespace)
+        assert (rs.status.available_replicas or 0) == 1, "exactly the released pod is available"
+        av.unhold(hid)
+        ro.wait("held", healthy(), 30)
+        rs = apps.read_namespaced_replica_set(rs.metadata.name, namespace)
+        assert rs.status.available_replicas == 2
+    finally:
+        av.unhold(hid)
+
+
+def _drills(*args, env=None, timeout=600):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "drills", *args], capture_output=True, text=True, env=e,
+                          timeout=timeout)
+
+
+@pytest.mark.single_version
+def test_down_leaves_no_process_and_no_port(controller_version, cluster):
+    env = {"DRILLS_CLUSTER": "drills-down-check"}
+    r = _drills("cluster", "up", "--controller", controller_version, env=env)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(_drills("cluster", "status", "--json", env=env).stdout)
+    assert st["ready"] is True and st["api_server"].startswith("https://127.0.0.1:")
+    pids = [p["pid"] for p in st["processes"]]
+    names = {p["name"] for p in st["processes"]}
+    assert {"etcd", "kube-apiserver", "kube-controller-manager", "kwok-controller", "rollouts-controller",
+            "releaser"} <= names
+    ports = listening_ports_of(pids)
+    assert ports, "the running cluster listens somewhere"
+    r = _drills("cluster", "down", env=env)
+    assert r.returncode == 0, r.stderr
+    time.sleep(0.5)
+    assert [p for p in pids if pid_alive(p)] == []
+    for port in ports:
+        with socket.socket() as s:
+            s.settimeout(0.3)
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still listens"
+    st = _drills("cluster", "status", "--json", env=env)
+    assert json.loads(st.stdout) == {"ready": False} and st.returncode == 1
+
+
+def test_unknown_controller_version_exits_2_listing_supported():
+    r = _drills("cluster", "up", "--controller", "v1.99.0")
+    assert r.returncode == 2
+    for v in config.SUPPORTED_CONTROLLERS:
+        assert v in r.stderr
+    r = _drills("cluster", "up", "--controller", "latest-and-greatest")
+    assert r.returncode == 2 and "not a version" in r.stderr
+
+
+def test_occupied_port_exits_2_and_starts_nothing():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        env = {"DRILLS_CLUSTER": "drills-port-check"}
+        r = _drills("cluster", "up", "--api-port", str(port), env=env)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and str(port) in r.stderr
+    assert json.loads(_drills("cluster", "status", "--json", env=env).stdout) == {"ready": False}
+
+
+def test_missing_binary_exits_2_and_starts_nothing(tmp_path):
+    env = {"DRILLS_CACHE": str(tmp_path / "empty-cache"), "DRILLS_CLUSTER": "drills-missing-check"}
+    r = _drills("cluster", "up", "--no-build", env=env)
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "missing binary" in r.stderr
+    assert not (tmp_path / "empty-cache" / "clusters" / "drills-missing-check").exists()
