@@ -1,0 +1,369 @@
+"""Actions on a Rollout, each the same request the kubectl-argo-rollouts plugin sends, and named waits.
+
+Requests (plugin parity, DESIGN.md §2):
+- promote:        status merge patch (pauseConditions / currentStepIndex), spec merge patch
+                  ``{"spec":{"paused":false}}`` when spec.paused; fallback to the main resource on NotFound
+- promote --full: status merge patch ``{"status":{"promoteFull":true}}`` (only when currentPodHash != stableRS)
+- abort / retry:  status merge patch ``{"status":{"abort":true|false}}``
+- undo:           JSON patch replace /spec/template with the revision's ReplicaSet template minus the hash label
+- restart:        merge patch ``{"spec":{"restartAt": RFC3339}}``
+- set image:      GET, change the container image, full Update
+- scale:          the scale subresource (as ``kubectl scale``)
+Status writes carry the resourceVersion they were computed from (a precondition), so a retried write
+never advances a Rollout twice.  The GitOps-style rollback writes the previous pod template into the
+spec, as a Git revert synced by Argo CD does.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+GROUP, VERSION, PLURAL = "argoproj.io", "v1alpha1", "rollouts"
+HASH_LABEL = "rollouts-pod-template-hash"
+REVISION_ANNOTATION = "rollout.argoproj.io/revision"
+
+
+def _transient(e: BaseException) -> bool:
+    if isinstance(e, ApiException):
+        return e.status in (0, 429, 500, 502, 503, 504)
+    return isinstance(e, (ConnectionError, TimeoutError, OSError))
+
+
+api_retry = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(6),
+                  wait=wait_exponential(multiplier=0.1, max=2), reraise=True)
+
+
+class WaitTimeout(AssertionError):
+    """A named wait ran out of time; says what it waited for and what it last saw."""
+
+
+@dataclass
+class Predicate:
+    name: str
+    fn: Callable[[Any], bool]
+
+    def __call__(self, obj) -> bool:
+        return bool(obj) and bool(self.fn(obj))
+
+
+def summarize_rollout(ro: dict | None) -> str:
+    if not ro:
+        return "no Rollout"
+    st = ro.get("status") or {}
+    w = ((st.get("canary") or {}).get("weights") or {}).get("canary", {}).get("weight")
+    return (f"phase={st.get('phase')} step={st.get('currentStepIndex')} abort={st.get('abort', False)} "
+            f"promoteFull={st.get('promoteFull', False)} stableRS={st.get('stableRS')} "
+            f"currentPodHash={st.get('currentPodHash')} canaryWeight={w} "
+            f"observedGeneration={st.get('observedGeneration')}/{ro['metadata'].get('generation')} "
+            f"message={st.get('message')!r}")
+
+
+# --- predicates --------------------------------------------------------------------------------
+def _observed(ro) -> bool:
+    st = ro.get("status") or {}
+    return str(st.get("observedGeneration")) == str(ro["metadata"].get("generation"))
+
+
+def healthy() -> Predicate:
+    return Predicate("Rollout Healthy (controller observed the latest spec)",
+                     lambda ro: _observed(ro) and (ro.get("status") or {}).get("phase") == "Healthy")
+
+
+def healthy_at(pod_hash: str) -> Predicate:
+    return Predicate(f"Rollout Healthy with stableRS {pod_hash}",
+                     lambda ro: healthy()(ro) and ro["status"].get("stableRS") == pod_hash
+                     and ro["status"].get("currentPodHash") == pod_hash)
+
+
+def paused() -> Predicate:
+    return Predicate("Rollout Paused", lambda ro: _observed(ro) and (ro.get("status") or {}).get("phase") == "Paused")
+
+
+def at_step(index: int) -> Predicate:
+    return Predicate(f"currentStepIndex == {index}",
+                     lambda ro: _observed(ro) and (ro.get("status") or {}).get("currentStepIndex") == index)
+
+
+def aborted() -> Predicate:
+    return Predicate("Rollout aborted", lambda ro: bool((ro.get("status") or {}).get("abort")))
+
+
+def degraded() -> Predicate:
+    return Predicate("Rollout Degraded", lambda ro: (ro.get("status") or {}).get("phase") == "Degraded")
+
+
+class Rollouts:
+    """Acting on Rollouts of one namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, journal=None, dry_run: bool = False, log=None):
+        self.api = api
+        self.ns = namespace
+        self.co = client.CustomObjectsApi(api)
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.journal = journal
+        self.dry_run = dry_run
+        self.log = log or (lambda m: None)
+        self.requests: list[dict] = []     # every mutating request sent (or, dry-run, that would be)
+
+    # --- low level ------------------------------------------------------------------------------
+    @api_retry
+    def get(self, name: str) -> dict:
+        return self.co.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def _send(self, what: str, name: str, body, fn: Callable[[], Any]):
+        self.requests.append({"action": what, "rollout": name, "body": body})
+        if self.dry_run:
+            print(f"dry-run: would {what} rollout {self.ns}/{name}: {json.dumps(body, default=str)}", flush=True)
+            return None
+        self.log(f"{what} {self.ns}/{name}")
+        return api_retry(fn)()
+
+    def _patch_status(self, name: str, what: str, status_patch: dict, rv: str | None) -> dict | None:
+        body = {"status": status_patch}
+        if rv:
+            body["metadata"] = {"resourceVersion": rv}
+
+        def do():
+            try:
+                return self.co.patch_namespaced_custom_object_status(GROUP, VERSION, self.ns, PLURAL, name, body)
+            except ApiException as e:
+                if e.status == 404:   # no status subresource: the plugin's fallback to the main resource
+                    return self.co.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, body)
+                raise
+        return self._send(what, name, body, do)
+
+    def _merge_patch(self, name: str, what: str, body: dict):
+        return self._send(what, name, body, lambda: self.co.patch_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, name, body))
+
+    # --- create / spec changes --------------------------------------------------------------------
+    def create(self, manifest: dict) -> dict:
+        name = manifest["metadata"]["name"]
+        if self.journal:
+            self.journal.created("Rollout", self.ns, name)
+        return self._send("create", name, manifest, lambda: self.co.create_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, manifest))
+
+    def set_image(self, name: str, image: str, container: str = "*") -> dict:
+        """`kubectl argo rollouts set image NAME CONTAINER=IMAGE`: GET, change, Update."""
+        ro = self.get(name)
+        if self.journal:
+            self.journal.before_spec_change(ro)
+        new = copy.deepcopy(ro)
+        spec = new["spec"]["template"]["spec"]
+        hit = False
+        for key in ("initContainers", "containers", "ephemeralContainers"):
+            for c in spec.get(key) or []:
+                if container in ("*", c["name"]):
+                    c["image"] = image
+                    hit = True
+        if not hit:
+            raise ValueError(f"unable to find container named {container!r}")
+        return self._send("set image", name, {"image": image, "container": container},
+                          lambda: self.co.replace_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, new))
+
+    def set_steps(self, name: str, steps: list[dict]) -> dict:
+        """A values change that edits the canary steps (a merge patch replaces the list, as Helm does)."""
+        ro = self.get(name)
+        if self.journal:
+            self.journal.before_spec_change(ro)
+        return self._merge_patch(name, "set steps", {"spec": {"strategy": {"canary": {"steps": steps}}}})
+
+    def gitops_rollback(self, name: str, template: dict) -> dict:
+        """Revert the pod template in the spec (a Git revert of the image tag, synced)."""
+        ro = self.get(name)
+        if self.journal:
+            self.journal.before_spec_change(ro)
+        return self._merge_patch(name, "gitops rollback", {"spec": {"template": template}})
+
+    def scale(self, name: str, replicas: int):
+        ro = self.get(name)
+        if self.journal:
+            self.journal.before_spec_change(ro)
+        body = {"spec": {"replicas": replicas}}
+        return self._send("scale", name, body, lambda: self.co.patch_namespaced_custom_object_scale(
+            GROUP, VERSION, self.ns, PLURAL, name, body))
+
+    def restart(self, name: str, at: datetime | None = None):
+        at = at or datetime.now(timezone.utc)
+        body = {"spec": {"restartAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}}
+        return self._merge_patch(name, "restart", body)
+
+    def undo(self, name: str, to_revision: int = 0) -> dict | None:
+        """`kubectl argo rollouts undo NAME [--to-revision N]`."""
+        ro = self.get(name)
+        rs = self.revision_replicaset(ro, to_revision)
+        template = self.apps.api_client.sanitize_for_serialization(rs.spec.template)
+        template.setdefault("metadata", {}).setdefault("labels", {}).pop(HASH_LABEL, None)
+        cur = copy.deepcopy(ro["spec"]["template"])
+        if _equal_ignore_hash(cur, template):
+            self.log(f"skipped rollback (current template already matches revision {to_revision})")
+            return None
+        if self.journal:
+            self.journal.before_spec_change(ro)
+        patch = [{"op": "replace", "path": "/spec/template", "value": template}]
+        # a list body makes the client send application/json-patch+json
+        return self._send("undo", name, patch, lambda: self.co.patch_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, name, patch))
+
+    def owned_replicasets(self, ro: dict) -> list:
+        sel = ",".join(f"{k}={v}" for k, v in ro["spec"]["selector"]["matchLabels"].items())
+        rss = api_retry(self.apps.list_namespaced_replica_set)(self.ns, label_selector=sel).items
+        uid = ro["metadata"]["uid"]
+        return [rs for rs in rss if any(o.uid == uid and o.controller for o in (rs.metadata.owner_references or []))]
+
+    def revision_replicaset(self, ro: dict, to_revision: int = 0):
+        rss = []
+        for rs in self.owned_replicasets(ro):
+            try:
+                rss.append((int((rs.metadata.annotations or {}).get(REVISION_ANNOTATION)), rs))
+            except (TypeError, ValueError):
+                continue
+        rss.sort(key=lambda x: x[0])
+        if to_revision:
+            for v, rs in rss:
+                if v == to_revision:
+                    return rs
+            raise ValueError(f"unable to find specified revision {to_revision} in history")
+        if len(rss) < 2:
+            raise ValueError(f"no revision found for rollout {ro['metadata']['name']!r}")
+        return rss[-2][1]
+
+    # --- status actions ---------------------------------------------------------------------------
+    def promote(self, name: str, full: bool = False) -> dict | None:
+        ro = self.get(name)
+        st = ro.get("status") or {}
+        rv = ro["metadata"]["resourceVersion"]
+        if self.journal:
+            self.journal.before_status_change(ro)
+        if full:
+            if st.get("currentPodHash") != st.get("stableRS"):
+                return self._patch_status(name, "promote --full", {"promoteFull": True}, rv)
+            return None
+        steps = ((ro["spec"].get("strategy") or {}).get("canary") or {}).get("steps") or []
+        status_patch = None
+        if st.get("pauseConditions"):
+            status_patch = {"pauseConditions": None}
+        elif (ro["spec"].get("strategy") or {}).get("canary") is not None and steps:
+            index = st.get("currentStepIndex") or 0
+            if index < len(steps):
+                index += 1
+            status_patch = {"pauseConditions": None, "currentStepIndex": index}
+        out = None
+        if status_patch is not None:
+            out = self._patch_status(name, "promote", status_patch, rv)
+        if ro["spec"].get("paused"):
+            out = self._merge_patch(name, "promote (unpause)", {"spec": {"paused": False}})
+        return out
+
+    def abort(self, name: str):
+        ro = self.get(name)
+        if self.journal:
+            self.journal.before_status_change(ro)
+        return self._patch_status(name, "abort", {"abort": True}, ro["metadata"]["resourceVersion"])
+
+    def retry(self, name: str):
+        ro = self.get(name)
+        if self.journal:
+            self.journal.before_status_change(ro)
+        return self._patch_status(name, "retry", {"abort": False}, ro["metadata"]["resourceVersion"])
+
+    # --- waits ------------------------------------------------------------------------------------
+    def wait(self, name: str, pred: Predicate, timeout: float = 120, progress: Callable[[str], None] | None = None
+             ) -> dict:
+        """Wait on a watch of the Rollout until ``pred`` holds; re-lists on a dropped watch."""
+        deadline = time.monotonic() + timeout
+        last = None
+        next_note = time.monotonic() + 15
+        while True:
+            try:
+                lst = self.co.list_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL,
+                                                            field_selector=f"metadata.name={name}")
+            except ApiException as e:
+                if not _transient(e):
+                    raise
+                time.sleep(0.2)
+                continue
+            items = lst.get("items") or []
+            last = items[0] if items else None
+            if pred(last):
+                return last
+            rv = lst["metadata"]["resourceVersion"]
+            w = watch.Watch()
+            try:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for ev in w.stream(self.co.list_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL,
+                                   field_selector=f"metadata.name={name}", resource_version=rv,
+                                   timeout_seconds=max(1, int(min(remaining, 30)))):
+                    last = ev["object"] if ev["type"] != "DELETED" else None
+                    if pred(last):
+                        w.stop()
+                        return last
+                    if progress and time.monotonic() > next_note:
+                        progress(f"waiting for {pred.name}: {summarize_rollout(last)}")
+                        next_note = time.monotonic() + 15
+                    if time.monotonic() > deadline:
+                        w.stop()
+                        break
+            except ApiException as e:
+                if e.status != 410 and not _transient(e):
+                    raise
+            except Exception as e:  # dropped connection: relist
+                if not _transient(e) and "Connection" not in type(e).__name__:
+                    raise
+            if time.monotonic() > deadline:
+                break
+        raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {pred.name} on rollout "
+                          f"{self.ns}/{name}; last seen: {summarize_rollout(last)}")
+
+    def wait_replicasets(self, name: str, what: str, fn: Callable[[list], bool], timeout: float = 120) -> list:
+        """Wait until ``fn(owned ReplicaSets)`` holds (a watch on the namespace's ReplicaSets)."""
+        ro = self.get(name)
+        deadline = time.monotonic() + timeout
+        rss = []
+        while time.monotonic() < deadline:
+            rss = self.owned_replicasets(ro)
+            if fn(rss):
+                return rss
+            w = watch.Watch()
+            try:
+                for _ in w.stream(self.apps.list_namespaced_replica_set, self.ns,
+                                  timeout_seconds=max(1, int(min(deadline - time.monotonic(), 10)))):
+                    w.stop()
+                    break
+            except Exception as e:
+                if not _transient(e):
+                    raise
+        desc = ", ".join(f"{(r.metadata.labels or {}).get(HASH_LABEL)}: spec {r.spec.replicas} "
+                         f"avail {r.status.available_replicas or 0}" for r in rss)
+        raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what} on rollout {self.ns}/{name}; "
+                          f"last seen ReplicaSets: {desc or 'none'}")
+
+    def wait_scaled_to_zero(self, name: str, pod_hash: str, timeout: float = 120) -> None:
+        def done(rss):
+            for rs in rss:
+                if (rs.metadata.labels or {}).get(HASH_LABEL) == pod_hash:
+                    return (rs.spec.replicas or 0) == 0 and (rs.status.replicas or 0) == 0
+            return False
+        self.wait_replicasets(name, f"ReplicaSet {pod_hash} scaled to 0", done, timeout)
+
+
+def _equal_ignore_hash(a: dict, b: dict) -> bool:
+    a = copy.deepcopy(a)
+    b = copy.deepcopy(b)
+    for t in (a, b):
+        t.setdefault("metadata", {}).setdefault("labels", {}).pop(HASH_LABEL, None)
+        t["metadata"].pop("creationTimestamp", None)
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
