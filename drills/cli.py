@@ -309,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .report import add_report_parser
     add_report_parser(sub)
+    from .renderdiff import add_render_diff_parser
+    add_render_diff_parser(sub)
 
     rn = sub.add_parser("run", help="the main job: drills per controller version, into reports/<run-id>")
     rn.add_argument("--controller", default=None,

@@ -138,7 +138,8 @@ class LaneA:
         res = d.ro.abort(d.name)
         d.mark("abort", res)
         d.ro.wait(d.name, _pred_aborted(), 60)
-        time.sleep(1.0)
+        # the incident posture: the controller has acted on the abort and sent traffic back to stable
+        d.wait_canary_weight(0, 90, "after abort")
         ro_before = d.ro.get(d.name)
         res = d.ro.promote(d.name, full=True)
         d.mark("promote --full", res)

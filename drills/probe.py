@@ -254,7 +254,7 @@ class RollbackDrill:
             if ro["status"].get("phase") == "Healthy":
                 return ro["status"]["stableRS"]
             self.log("  promote (indefinite pause)")
-            self.ro.promote(self.name)
+            self.ro.promote_and_wait(self.name)
 
     def deploy_v2(self, timeout: float = 300) -> str:
         self.hash_v2 = self.deploy(self.spec.image_v2, timeout)
@@ -307,6 +307,18 @@ class RollbackDrill:
             time.sleep(0.05)
         raise TimeoutError(f"timed out after {timeout:.0f}s waiting for a canary weight while the revived "
                            f"ReplicaSet is partial; seen: {self.current().canary_weight}")
+
+    def wait_canary_weight(self, weight: int, timeout: float = 60, what: str = "") -> float:
+        """Wait until the VirtualService carries this canary weight (as recorded); returns the wait."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        while time.monotonic() < deadline:
+            d = self.current()
+            if d.canary_weight and d.canary_weight[-1][1] == weight:
+                return time.monotonic() - t0
+            time.sleep(0.05)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for canary weight {weight} {what}; "
+                           f"canary weights seen: {[w for _, w in self.current().canary_weight]}")
 
     def wait_settled(self, timeout: float = 240):
         """Healthy at v1 and the VirtualService back to all-stable."""

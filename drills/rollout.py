@@ -92,6 +92,15 @@ def at_step(index: int) -> Predicate:
                      lambda ro: _observed(ro) and (ro.get("status") or {}).get("currentStepIndex") == index)
 
 
+def left_pause(index: int | None) -> Predicate:
+    """The controller has acted on a promote of the pause at ``index``."""
+    def fn(ro):
+        st = ro.get("status") or {}
+        return _observed(ro) and (st.get("phase") != "Paused" or st.get("currentStepIndex") != index) \
+            and not st.get("pauseConditions")
+    return Predicate(f"the pause at step {index} promoted", fn)
+
+
 def aborted() -> Predicate:
     return Predicate("Rollout aborted", lambda ro: bool((ro.get("status") or {}).get("abort")))
 
@@ -239,6 +248,14 @@ class Rollouts:
         return rss[-2][1]
 
     # --- status actions ---------------------------------------------------------------------------
+    def promote_and_wait(self, name: str, timeout: float = 60) -> dict | None:
+        """A plain promote of the current pause, then wait until the controller has acted on it
+        (so a loop of promotes never reads a stale pause and advances twice)."""
+        index = (self.get(name).get("status") or {}).get("currentStepIndex")
+        res = self.promote(name)
+        self.wait(name, left_pause(index), timeout)
+        return res
+
     def promote(self, name: str, full: bool = False) -> dict | None:
         ro = self.get(name)
         st = ro.get("status") or {}
