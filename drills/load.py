@@ -1,0 +1,323 @@
+"""Load during drills: Locust, headless, as a subprocess; per-phase statistics; ledger rows.
+
+Locust is never imported here: importing it patches the interpreter with gevent (and breaks the kubernetes
+client).  It runs as ``python -m locust --headless`` with a locustfile from fixtures/locustfiles/ that writes
+one JSONL record per request (wall start ``t``, latency ``ms``, status ``code``, ``ok``).  Per-phase figures
+are cut from those records by the drill's phase windows (Locust's own history is per second and cumulative).
+
+Bounds: at most MAX_USERS users, at most MAX_TOTAL_RPS requests/second in total (a constant throughput per
+user), a run-time after which Locust stops itself and a hard kill shortly after that.  On the embedded cluster
+the target must be a 127.0.0.0/8 address (the mesh emulator); a live target is the stage service's URL.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+from . import config
+from .ledger import FAIL, INCONCLUSIVE, PASS
+
+MAX_USERS = 20
+MAX_TOTAL_RPS = 200.0          # two cores also run etcd, the apiserver, kcm, kwok and the controller
+DEFAULT_USERS = 10
+DEFAULT_RATE_PER_USER = 5.0
+DEFAULT_LOCUSTFILE = "drill_load.py"
+KILL_GRACE_S = 10.0
+PHASES = ("steady", "exposure", "settled", "exit")
+EMULATED_NOTE = ("load figures come from an emulated mesh (drills.mesh) on the embedded cluster; the drill "
+                 "reproduces the weight in force, not the production pod arithmetic")
+
+
+class LoadRefused(ValueError):
+    """The load target or its bounds are refused; nothing was started."""
+
+
+def locustfile_path(name: str = DEFAULT_LOCUSTFILE) -> Path:
+    p = Path(name)
+    return p if p.is_absolute() else config.fixtures_dir() / "locustfiles" / name
+
+
+def check_target(url: str, target: str = "embedded") -> str:
+    """Return the URL when load may be sent to it; raise LoadRefused otherwise.
+
+    embedded: the host must be an IPv4 literal in 127.0.0.0/8, or a name that resolves only to such addresses.
+    kubeconfig (live): an http(s) URL given on the command line.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise LoadRefused(f"load target {url!r} is not an http(s) URL")
+    if target != "embedded":
+        return url
+    loop = ipaddress.ip_network("127.0.0.0/8")
+    host = parts.hostname
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None:
+        if literal.version != 4 or literal not in loop:
+            raise LoadRefused(f"refusing load to {url}: {host} is outside 127.0.0.0/8; on the embedded cluster "
+                              f"load only goes to loopback addresses the drill started")
+        return url
+    try:
+        addrs = {ipaddress.ip_address(ai[4][0]) for ai in socket.getaddrinfo(host, None)}
+    except OSError:
+        addrs = set()
+    v4 = [a for a in addrs if a.version == 4]
+    if not v4 or any(a not in loop for a in v4) or any(not a.is_loopback for a in addrs):
+        raise LoadRefused(f"refusing load to {url}: {host!r} resolves to "
+                          f"{', '.join(sorted(map(str, addrs))) or 'nothing'}, not only to 127.0.0.0/8; on the "
+                          f"embedded cluster load only goes to loopback addresses the drill started")
+    return url
+
+
+@dataclass
+class LoadSpec:
+    host: str
+    out_dir: Path
+    users: int = DEFAULT_USERS
+    spawn_rate: float = 5.0
+    run_time_s: float = 60.0
+    rate_per_user: float = DEFAULT_RATE_PER_USER
+    path: str = "/"
+    locustfile: str = DEFAULT_LOCUSTFILE
+    target: str = "embedded"
+    request_timeout_s: float = 5.0
+    name: str = "load"
+
+    def validate(self) -> None:
+        check_target(self.host, self.target)
+        if not 1 <= self.users <= MAX_USERS:
+            raise LoadRefused(f"users must be 1..{MAX_USERS}, got {self.users}")
+        if self.spawn_rate <= 0:
+            raise LoadRefused("spawn_rate must be > 0")
+        if not 0 < self.run_time_s <= 3600:
+            raise LoadRefused(f"run_time_s must be in (0, 3600], got {self.run_time_s}")
+        if self.rate_per_user <= 0 or self.users * self.rate_per_user > MAX_TOTAL_RPS:
+            raise LoadRefused(f"total rate {self.users} users x {self.rate_per_user}/s exceeds {MAX_TOTAL_RPS}/s")
+        if not self.path.startswith("/"):
+            raise LoadRefused(f"path must start with '/', got {self.path!r}")
+        if not locustfile_path(self.locustfile).is_file():
+            raise LoadRefused(f"no locustfile {locustfile_path(self.locustfile)}")
+
+
+class LoadRun:
+    """A running Locust; ``wait()`` or ``stop()`` ends it, never later than run_time + KILL_GRACE_S."""
+
+    def __init__(self, spec: LoadSpec):
+        spec.validate()
+        self.spec = spec
+        self.out = Path(spec.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.records_path = self.out / f"{spec.name}-requests.jsonl"
+        self.records_path.write_text("")
+        self.log = self.out / f"{spec.name}-locust.log"
+        self.csv_prefix = self.out / f"{spec.name}"
+        self.html = self.out / f"{spec.name}-report.html"
+        self.json = self.out / f"{spec.name}-stats.json"
+        run_time = max(1, math.ceil(spec.run_time_s))
+        self.cmd = [sys.executable, "-m", "locust", "-f", str(locustfile_path(spec.locustfile)), "--headless",
+                    "--host", spec.host, "-u", str(spec.users), "-r", str(spec.spawn_rate), "-t", f"{run_time}s",
+                    "--stop-timeout", "2", "--csv", str(self.csv_prefix), "--csv-full-history",
+                    "--html", str(self.html), "--json-file", str(self.json.with_suffix("")),
+                    "--only-summary", "--exit-code-on-error", "0", "--loglevel", "WARNING"]
+        env = dict(os.environ, DRILLS_LOAD_RECORDS=str(self.records_path), DRILLS_LOAD_PATH=spec.path,
+                   DRILLS_LOAD_RATE=str(spec.rate_per_user), DRILLS_LOAD_TIMEOUT=str(spec.request_timeout_s),
+                   PYTHONUNBUFFERED="1")
+        self._logf = open(self.log, "ab")
+        self.started_at = time.time()
+        self.deadline = time.monotonic() + run_time + KILL_GRACE_S
+        self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, cwd=str(self.out), start_new_session=True)
+        self.ended_at: float | None = None
+        self.killed = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self) -> int:
+        try:
+            rc = self.proc.wait(max(0.1, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._kill()
+            rc = self.proc.wait(5)
+        return self._done(rc)
+
+    def stop(self) -> int:
+        """End the run now (SIGINT lets Locust write its CSV/HTML), hard kill after a grace."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            try:
+                rc = self.proc.wait(KILL_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self._kill()
+                rc = self.proc.wait(5)
+        else:
+            rc = self.proc.returncode
+        return self._done(rc)
+
+    def _kill(self) -> None:
+        self.killed = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _done(self, rc: int) -> int:
+        if self.ended_at is None:
+            self.ended_at = time.time()
+            self._logf.close()
+        return rc
+
+    def records(self) -> list[dict]:
+        return read_records(self.records_path)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def start_load(host: str, out_dir: Path, **kw) -> LoadRun:
+    return LoadRun(LoadSpec(host=host, out_dir=Path(out_dir), **kw))
+
+
+def run_load(host: str, out_dir: Path, **kw) -> LoadRun:
+    run = start_load(host, out_dir, **kw)
+    run.wait()
+    return run
+
+
+def read_records(path: Path) -> list[dict]:
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass  # a line cut by a hard kill
+    except FileNotFoundError:
+        pass
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# per-phase statistics
+# ---------------------------------------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100]) of an unsorted list; None when empty."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = max(1, math.ceil(q / 100.0 * len(s)))
+    return s[min(k, len(s)) - 1]
+
+
+def phase_stats(records: list[dict], phases: dict[str, tuple[float, float]]) -> dict[str, dict]:
+    """{phase: {requests, failures, failure_ratio, p50_ms, p95_ms, codes, window}}.
+
+    A request belongs to the phase in which it was sent (its wall start time ``t``, start inclusive,
+    end exclusive).  failure_ratio and the percentiles are None when the phase saw no request.
+    """
+    out = {}
+    for name, (t0, t1) in phases.items():
+        if t1 < t0:
+            raise ValueError(f"phase {name}: end {t1} before start {t0}")
+        sel = [r for r in records if t0 <= r["t"] < t1]
+        lat = [float(r["ms"]) for r in sel]
+        fails = sum(1 for r in sel if not r["ok"])
+        codes: dict[str, int] = {}
+        for r in sel:
+            codes[str(r["code"])] = codes.get(str(r["code"]), 0) + 1
+        out[name] = {"requests": len(sel), "failures": fails,
+                     "failure_ratio": (fails / len(sel)) if sel else None,
+                     "p50_ms": percentile(lat, 50), "p95_ms": percentile(lat, 95),
+                     "codes": codes, "window": [t0, t1], "duration_s": round(t1 - t0, 3)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# thresholds and ledger rows
+# ---------------------------------------------------------------------------------------------------------
+def load_thresholds(path: Path | None = None) -> dict:
+    p = Path(path) if path else config.fixtures_dir() / "load" / "thresholds.yaml"
+    return yaml.safe_load(p.read_text()) or {}
+
+
+def threshold_for(thresholds: dict, lane: str, step: str, phase: str, metric: str) -> dict | None:
+    lanes = thresholds.get("lanes") or {}
+    lane_t = lanes.get(lane) or {}
+    defaults = thresholds.get("defaults") or {}
+    for scope in ((lane_t.get(step) or {}).get(phase), (lane_t.get(step) or {}).get("*"),
+                  (lane_t.get("*") or {}).get(phase), defaults.get(phase), defaults.get("*")):
+        if scope and metric in scope:
+            return scope[metric]
+    return None
+
+
+def _expected_text(th: dict) -> str:
+    parts = []
+    if "min" in th:
+        parts.append(f">= {th['min']}")
+    if "max" in th:
+        parts.append(f"<= {th['max']}")
+    return " and ".join(parts)
+
+
+def judge(value: float | None, th: dict) -> bool:
+    return ("min" not in th or value >= th["min"]) and ("max" not in th or value <= th["max"])
+
+
+def record_phase_rows(ledger, lane: str, step: str, stats: dict[str, dict], thresholds: dict, evidence,
+                      emulated: bool = True, min_requests: int = 20) -> list[dict]:
+    """Two ledger rows per phase: ``load.<phase>.failure_ratio`` and ``load.<phase>.p95_ms``.
+
+    A phase with fewer than ``min_requests`` requests is ``inconclusive`` (too little evidence), never ``pass``.
+    A metric without a threshold anywhere is recorded ``unverified``.
+    """
+    from .ledger import UNVERIFIED
+    rows = []
+    for phase, st in stats.items():
+        for metric in ("failure_ratio", "p95_ms"):
+            th = threshold_for(thresholds, lane, step, phase, metric)
+            value = st.get(metric)
+            details = {"requests": st["requests"], "failures": st["failures"], "p50_ms": st.get("p50_ms"),
+                       "codes": st.get("codes"), "window": st.get("window"), "phase": phase}
+            if emulated:
+                details["note"] = EMULATED_NOTE
+            reason = None
+            if th is None:
+                verdict, expected = UNVERIFIED, None
+            elif st["requests"] < min_requests or value is None:
+                verdict, expected = INCONCLUSIVE, _expected_text(th)
+                reason = f"only {st['requests']} requests in phase {phase} (< {min_requests}): too little evidence"
+            else:
+                expected = _expected_text(th)
+                verdict = PASS if judge(value, th) else FAIL
+            observed = round(value, 4) if isinstance(value, float) else value
+            rows.append(ledger.record(lane, step, f"load.{phase}.{metric}", expected, observed, verdict,
+                                      evidence=evidence, reason=reason, **details))
+    return rows

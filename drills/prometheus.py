@@ -1,0 +1,143 @@
+"""A real Prometheus (built by the toolchain from github.com/prometheus/prometheus) on 127.0.0.1.
+
+It scrapes the mesh emulator every second, keeps its TSDB in a temporary folder under the cluster folder,
+and is always stopped by the context manager (or by ``drills cluster down`` through the pid it registers).
+AnalysisTemplates reach it through Argo's prometheus provider at ``Prometheus.url``.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from . import config
+from .mesh import free_port, require_loopback, stop_process, wait_http
+
+
+class PrometheusError(RuntimeError):
+    pass
+
+
+def binary_path() -> Path:
+    from .toolchain import Toolchain
+    return Toolchain().bin("prometheus", config.PROMETHEUS_VERSION, "prometheus")
+
+
+def ensure_binary() -> Path:
+    """The toolchain's prometheus binary, built first when missing (6-9 min on 2 cores)."""
+    from .toolchain import Toolchain
+    from .toolchain.build import optional_components
+    tc = Toolchain()
+    comp = optional_components()["prometheus"]
+    tc.ensure([comp])
+    return tc.dir(comp) / "prometheus"
+
+
+def scrape_config(targets: dict[str, str], interval_s: float = 1.0) -> dict:
+    """targets: job name -> 'host:port' (loopback only)."""
+    jobs = []
+    for job, hostport in targets.items():
+        require_loopback(hostport.rsplit(":", 1)[0])
+        jobs.append({"job_name": job, "scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{interval_s:g}s",
+                     "metrics_path": "/metrics", "static_configs": [{"targets": [hostport]}]})
+    return {"global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s"},
+            "scrape_configs": jobs}
+
+
+class Prometheus:
+    def __init__(self, folder: Path, targets: dict[str, str], binary: Path | None = None, register=None, unregister=None,
+                 interval_s: float = 1.0, ready_timeout: float = 60.0):
+        self.binary = Path(binary or binary_path())
+        if not self.binary.is_file():
+            raise PrometheusError(f"no prometheus binary at {self.binary}: run "
+                                  f"`python -m drills toolchain build --extra prometheus`")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.workdir = Path(tempfile.mkdtemp(prefix="prometheus-", dir=folder))
+        self.config_path = self.workdir / "prometheus.yml"
+        self.config_path.write_text(yaml.safe_dump(scrape_config(targets, interval_s), sort_keys=False))
+        self.log = self.workdir / "prometheus.log"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._unregister = unregister
+        self._logf = open(self.log, "ab")
+        self.proc = subprocess.Popen(
+            [str(self.binary), f"--config.file={self.config_path}", f"--storage.tsdb.path={self.workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=2h",
+             "--web.enable-lifecycle", "--log.level=warn"],
+            stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            if register is not None:
+                register("prometheus", self.proc.pid, [self.port], self.log)
+            wait_http(self.url + "/-/ready", ready_timeout, self.proc, self.log)
+        except BaseException:
+            self.stop()
+            raise
+
+    def query(self, promql: str, at: float | None = None) -> list[dict]:
+        """Instant query; the ``result`` list of a vector (or [scalar] wrapped)."""
+        params = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        with urllib.request.urlopen(self.url + "/api/v1/query?" + urllib.parse.urlencode(params), timeout=10) as r:
+            body = json.loads(r.read())
+        if body.get("status") != "success":
+            raise PrometheusError(f"query failed: {body}")
+        data = body["data"]
+        return data["result"] if data["resultType"] in ("vector", "matrix") else [{"value": data["result"]}]
+
+    def value(self, promql: str) -> float | None:
+        """The first sample of an instant query as a float; None when the vector is empty."""
+        res = self.query(promql)
+        return float(res[0]["value"][1]) if res else None
+
+    def targets_up(self) -> dict[str, str]:
+        with urllib.request.urlopen(self.url + "/api/v1/targets", timeout=10) as r:
+            body = json.loads(r.read())
+        return {t["scrapeUrl"]: t["health"] for t in body["data"]["activeTargets"]}
+
+    def wait_scraped(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.targets_up() and all(h == "up" for h in self.targets_up().values()):
+                return
+            time.sleep(0.5)
+        raise PrometheusError(f"targets not up after {timeout}s: {self.targets_up()}")
+
+    def stop(self, keep_data: bool = False) -> None:
+        stop_process(self.proc, timeout=15)
+        if not self._logf.closed:
+            self._logf.close()
+        if self._unregister is not None:
+            try:
+                self._unregister("prometheus")
+            except Exception:
+                pass
+        if not keep_data:
+            shutil.rmtree(self.workdir / "data", ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def error_rate_query(service_fqdn: str, revision: str | None = None, reporter: str = "destination",
+                     window: str = "1m") -> str:
+    """The seed's error-rate query (brief §5): 5xx over all requests of the whole service, ``> 0``, then
+    ``OR on() vector(0)`` so that no traffic reads as 0.  ``revision`` adds the per-revision filter the
+    seed's fleet lacked (a pod-template-hash, e.g. from ``podTemplateHashValue: Latest``)."""
+    sel = f'reporter="{reporter}", destination_service=~"{service_fqdn}"'
+    if revision:
+        sel += f', revision="{revision}"'
+    num = f'sum(irate(istio_requests_total{{{sel}, response_code=~"5.*"}}[{window}]))'
+    den = f"sum(irate(istio_requests_total{{{sel}}}[{window}]))"
+    return f"{num} / {den} > 0 OR on() vector(0)"

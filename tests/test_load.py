@@ -1,0 +1,160 @@
+"""drills.load: real Locust (subprocess) against a loopback server started here, bounded to a few seconds."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from drills import load
+from drills.ledger import Ledger, read_rows
+
+SLOW_MS = 80
+
+
+class _Switching(ThreadingHTTPServer):
+    """Answers 200 at once until ``switch_at`` (wall time), then 503 after SLOW_MS."""
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.switch_at: float | None = None
+        self.hits = 0
+        self.lock = threading.Lock()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        srv = self.server
+        now = time.time()
+        with srv.lock:
+            srv.hits += 1
+            if srv.switch_at is None:
+                srv.switch_at = now + 2.0
+            failing = now >= srv.switch_at
+        if failing:
+            time.sleep(SLOW_MS / 1000)
+        body = b"down\n" if failing else b"ok\n"
+        self.send_response(503 if failing else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def server():
+    srv = _Switching()
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_locust_run_per_phase_stats_and_ledger_rows(server, tmp_path):
+    users, rate, run_time = 4, 10.0, 5
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    t0 = time.monotonic()
+    run = load.run_load(url, tmp_path / "load", users=users, spawn_rate=users, run_time_s=run_time,
+                        rate_per_user=rate)
+    elapsed = time.monotonic() - t0
+    # Stopped by itself within its bound, and kept Locust's own outputs.
+    assert not run.killed, run.log.read_text()[-2000:]
+    assert elapsed < run_time + load.KILL_GRACE_S
+    for f in (run.html, tmp_path / "load" / "load_stats.csv", tmp_path / "load" / "load_stats_history.csv",
+              run.json):
+        assert f.is_file() and f.stat().st_size > 0, f
+
+    recs = run.records()
+    assert recs, run.log.read_text()[-2000:]
+    assert {"t", "ms", "code", "ok"} <= set(recs[0])
+    # The rate bound holds: constant throughput per user (plus one request per user at start).
+    assert len(recs) <= users * rate * run_time * 1.1 + users, len(recs)
+    assert len(recs) == server.hits
+
+    sw = server.switch_at
+    phases = {"steady": (min(r["t"] for r in recs), sw - 0.05),
+              "exposure": (sw + 0.05, max(r["t"] for r in recs) + 1),
+              "empty": (sw - 100, sw - 99)}
+    st = load.phase_stats(recs, phases)
+    steady, exposure = st["steady"], st["exposure"]
+    assert steady["requests"] >= 20 and exposure["requests"] >= 20, st
+    assert steady["failures"] == 0 and steady["failure_ratio"] == 0.0, st
+    assert exposure["failure_ratio"] == 1.0 and exposure["codes"] == {"503": exposure["requests"]}, st
+    assert steady["p50_ms"] < SLOW_MS <= exposure["p50_ms"] <= exposure["p95_ms"], st
+    assert st["empty"] == {**st["empty"], "requests": 0, "failure_ratio": None, "p95_ms": None}
+
+    ledger = Ledger(tmp_path / "run", "r1", "embedded", "v1.8.2")
+    th = {"defaults": {"*": {"failure_ratio": {"max": 0.01}, "p95_ms": {"max": 300}}},
+          "lanes": {"a": {"before": {"exposure": {"failure_ratio": {"min": 0.5}}}}}}
+    rows = load.record_phase_rows(ledger, "a", "before", st, th, evidence=run.records_path)
+    by = {r["assertion"]: r for r in rows}
+    assert by["load.steady.failure_ratio"]["verdict"] == "pass"
+    assert by["load.exposure.failure_ratio"]["verdict"] == "pass"          # min 0.5: failures expected
+    assert by["load.exposure.p95_ms"]["verdict"] == "pass"
+    assert by["load.empty.failure_ratio"]["verdict"] == "inconclusive"
+    assert by["load.empty.failure_ratio"]["reason"]
+    rows_after = load.record_phase_rows(ledger, "a", "after", {"exposure": exposure}, th, evidence=run.records_path)
+    assert rows_after[0]["verdict"] == "fail" and rows_after[0]["observed"] == 1.0
+    assert rows_after[0]["expected"] == "<= 0.01"
+    assert len(read_rows(ledger.path)) == len(rows) + len(rows_after)
+
+
+def test_stop_ends_a_long_run_early_and_keeps_outputs(server, tmp_path):
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    run = load.start_load(url, tmp_path, users=2, spawn_rate=2, run_time_s=120, rate_per_user=5, name="early")
+    deadline = time.monotonic() + 30
+    while not run.records() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    run.stop()
+    assert time.monotonic() - t0 < load.KILL_GRACE_S, "Locust did not stop on SIGINT"
+    assert not run.running()
+    assert run.records() and (tmp_path / "early_stats.csv").is_file()
+    n = len(run.records())
+    time.sleep(0.5)
+    assert len(run.records()) == n
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:8080", "http://192.168.1.10/", "http://[::1]:80",
+                                 "http://0.0.0.0:80", "ftp://127.0.0.1/"])
+def test_non_loopback_target_is_refused_before_anything_starts(url, tmp_path):
+    with pytest.raises(load.LoadRefused, match="refusing|not an http"):
+        load.start_load(url, tmp_path / "x", run_time_s=1)
+    assert not (tmp_path / "x").exists()
+
+
+def test_live_target_is_accepted_and_bounds_still_hold(tmp_path):
+    assert load.check_target("https://stage.example.internal/", target="kubeconfig")
+    with pytest.raises(load.LoadRefused, match="users"):
+        load.LoadSpec("http://127.0.0.1:1", tmp_path, users=load.MAX_USERS + 1).validate()
+    with pytest.raises(load.LoadRefused, match="total rate"):
+        load.LoadSpec("http://127.0.0.1:1", tmp_path, users=20, rate_per_user=50).validate()
+
+
+def test_percentile_and_phase_assignment_on_known_records():
+    recs = [{"t": 10.0 + i * 0.1, "ms": float(i + 1), "code": 200 if i % 4 else 503, "ok": bool(i % 4)}
+            for i in range(100)]
+    st = load.phase_stats(recs, {"a": (10.0, 15.0), "b": (15.0, 20.0)})
+    assert st["a"]["requests"] + st["b"]["requests"] == 100
+    assert st["a"]["requests"] == 50 and st["a"]["failures"] == 13
+    assert st["a"]["p50_ms"] == 25.0 and st["a"]["p95_ms"] == 48.0
+    assert load.percentile([5.0], 95) == 5.0 and load.percentile([], 50) is None
+    with pytest.raises(ValueError):
+        load.phase_stats(recs, {"bad": (2.0, 1.0)})
+
+
+def test_thresholds_fixture_is_consistent_with_lane_a():
+    th = load.load_thresholds()
+    assert load.threshold_for(th, "a", "before", "exposure", "failure_ratio") == {"min": 0.02}
+    assert load.threshold_for(th, "a", "after", "exposure", "failure_ratio")["max"] <= 0.01
+    assert load.threshold_for(th, "a", "before", "steady", "p95_ms") == {"max": 300}
+    assert json.dumps(th)  # plain data
