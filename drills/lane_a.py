@@ -133,43 +133,60 @@ class LaneA:
         return self._record_peak("after", obs, (self.expect or {}).get("after"))
 
     def exit_promote_full(self) -> list[dict]:
+        """Abort the AFTER rollback while the revived ReplicaSet is partial (the incident posture), then
+        promote --full.  The controller may not act on the abort while the ReplicaSet is partial (the
+        DestinationRule switch waits for full availability): what it did is recorded, not assumed."""
         d = self.drill
         rows = []
         res = d.ro.abort(d.name)
         d.mark("abort", res)
-        d.ro.wait(d.name, _pred_aborted(), 60)
-        # the incident posture: the controller has acted on the abort and sent traffic back to stable
-        d.wait_canary_weight(0, 90, "after abort")
-        ro_before = d.ro.get(d.name)
+        time.sleep(1.0)
+        now = d.current()
+        partial_at_exit = bool(now.partial) and now.partial[-1][1] is None
+        weight_after_abort = now.canary_weight[-1][1] if now.canary_weight else None
         res = d.ro.promote(d.name, full=True)
         d.mark("promote --full", res)
         try:
             d.ro.wait(d.name, healthy_at(d.hash_v1), 240, progress=d._progress)
-            healthy_ok = True
+            healthy_ok, healthy_err = True, None
         except AssertionError as e:
             healthy_ok, healthy_err = False, str(e)
-        d.wait_settled(timeout=60) if healthy_ok else None
+        if healthy_ok:
+            d.wait_settled(timeout=60)
         obs = d.finish()
         recs = timeline.load(Path(obs.timeline))
         ex = exit_analysis(recs, d.hash_v1, replicas=d.spec.replicas)
         ev = obs.timeline
+        reason = None
+        if res is None:
+            reason = "promote --full had nothing to do: the rollback had already completed"
+        elif not partial_at_exit:
+            reason = "the revived ReplicaSet was no longer partial when promote --full was sent"
+        elif not obs.complete:
+            reason = f"timeline incomplete: {'; '.join(obs.incomplete_reasons)}"
+        details = dict(variant=self.variant, weight_after_abort=weight_after_abort,
+                       partial_at_promote_full=partial_at_exit, weights_after_promote_full=ex["weights_after"],
+                       abort_seen_by_controller=ex["abort_effective"])
+
+        def verdict(ok: bool) -> str:
+            return INCONCLUSIVE if reason else (PASS if ok else FAIL)
+
         rows.append(self.ledger.record(
             LANE, "exit", self._assertion("promote --full clears abort"), False, ex["abort_after_promote_full"],
-            PASS if ex["abort_after_promote_full"] is False else FAIL, evidence=ev, variant=self.variant,
-            aborted_before=ro_before["status"].get("abort")))
-        cap_ok = ex["max_weight_until_available"] is not None and ex["max_weight_until_available"] <= ex["weight_at_promote_full"]
+            verdict(ex["abort_after_promote_full"] is False), evidence=ev, reason=reason, **details))
+        cap = ex["max_weight_until_available"]
         rows.append(self.ledger.record(
             LANE, "exit", self._assertion("weight never above its value at promote --full until the revived "
                                           "ReplicaSet is fully available"),
-            f"<= {ex['weight_at_promote_full']}", ex["max_weight_until_available"],
-            PASS if cap_ok else (INCONCLUSIVE if ex["max_weight_until_available"] is None else FAIL), evidence=ev,
-            reason=None if ex["max_weight_until_available"] is not None else "the revived ReplicaSet never became "
-                                                                               "fully available in the recording",
-            variant=self.variant, series_text=f"canary weights after promote --full: {ex['weights_after']}"))
+            f"<= {ex['weight_at_promote_full']}", cap,
+            INCONCLUSIVE if reason or cap is None else (PASS if cap <= ex["weight_at_promote_full"] else FAIL),
+            evidence=ev, reason=reason or (None if cap is not None else
+                                           "the revived ReplicaSet never became fully available in the recording"),
+            series_text=f"canary weights after promote --full: {ex['weights_after']}", **details))
         rows.append(self.ledger.record(
             LANE, "exit", self._assertion("Healthy at v1 after promote --full"), "Healthy, stableRS = v1",
-            "Healthy, stableRS = v1" if healthy_ok else healthy_err, PASS if healthy_ok else FAIL, evidence=ev,
-            variant=self.variant))
+            "Healthy, stableRS = v1" if healthy_ok else healthy_err, verdict(healthy_ok), evidence=ev,
+            reason=reason, **details))
         return rows
 
 
@@ -206,6 +223,7 @@ def exit_analysis(records: list[dict], revived_hash: str, replicas: int) -> dict
     abort_after = None
     weights_after = []
     reached = False
+    abort_effective = False
     for r in recs:
         if r["kind"] == "Mark" and r["name"] == "promote --full":
             at_pf = weight
@@ -215,6 +233,8 @@ def exit_analysis(records: list[dict], revived_hash: str, replicas: int) -> dict
             ro = r["obj"]
             if at_pf is not None:
                 abort_after = ro["status"]["abort"]
+            if ro["status"]["abort"] and ro["status"].get("phase") == "Degraded":
+                abort_effective = True
         elif r["kind"] == "ReplicaSet" and r["obj"].get("hash") == revived_hash:
             rs_avail = r["obj"]["available"]
         elif r["kind"] == "VirtualService" and ro:
@@ -229,4 +249,5 @@ def exit_analysis(records: list[dict], revived_hash: str, replicas: int) -> dict
             else:
                 max_until = max(max_until, weight)
     return {"weight_at_promote_full": at_pf, "max_weight_until_available": max_until if reached else None,
-            "abort_after_promote_full": abort_after, "weights_after": weights_after, "fully_available": reached}
+            "abort_after_promote_full": abort_after, "weights_after": weights_after, "fully_available": reached,
+            "abort_effective": abort_effective}

@@ -1,0 +1,125 @@
+"""Safety: refused targets send nothing; an interrupted drill restores the Rollout and says inconclusive."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from drills import config
+from drills.probe import ProbeSpec, RollbackDrill
+from drills.rollout import Rollouts, healthy
+
+pytestmark = pytest.mark.single_version
+
+
+def _context(cluster) -> str:
+    return yaml.safe_load(Path(cluster.kubeconfig).read_text())["current-context"]
+
+
+def _prepared(kube, ns, tmp_path, version) -> RollbackDrill:
+    """A Rollout at v2, v1 scaled to 0: a valid rollback target inside the window."""
+    spec = ProbeSpec(steps=[{"setWeight": 5}, {"pause": {"duration": "2s"}}, {"setWeight": 100}], replicas=2,
+                     name="svc", scale_down_delay=3)
+    d = RollbackDrill(kube, ns, spec, tmp_path, controller_version=version)
+    d.deploy_v1()
+    d.deploy_v2()
+    d.wait_scaled_to_zero(d.hash_v1)
+    return d
+
+
+def _mutations_since(audit_log: str, ns: str, since: float) -> list[dict]:
+    from datetime import datetime
+    out = []
+    with open(audit_log) as f:
+        for line in f:
+            ev = json.loads(line)
+            if ev.get("verb") not in ("create", "update", "patch", "delete", "deletecollection"):
+                continue
+            if (ev.get("objectRef") or {}).get("namespace") != ns:
+                continue
+            if not (ev.get("userAgent") or "").startswith("OpenAPI-Generator"):
+                continue        # the controllers' own writes
+            if (ev.get("objectRef") or {}).get("resource") == "namespaces":
+                continue        # the test's own label change
+            ts = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+            if ts >= since:
+                out.append(ev)
+    return out
+
+
+def _run(args, env=None, **kw):
+    e = dict(os.environ, DRILLS_REPORTS=str(kw.pop("reports")))
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "drills", *args], capture_output=True, text=True, env=e,
+                          timeout=kw.pop("timeout", 300))
+
+
+def test_refused_context_and_namespace_send_no_mutation(kube, cluster, namespace, tmp_path, controller_version):
+    _prepared(kube, namespace, tmp_path / "ev", controller_version)
+    audit = cluster.status()["audit_log"]
+    ctx = _context(cluster)
+    cfg = tmp_path / "drills.yaml"
+    cfg.write_text("allowed_contexts: []\n")
+    since = time.time()
+    r = _run(["run", "--kubeconfig", str(cluster.kubeconfig), "--context", ctx, "--namespace", namespace,
+              "--rollout", "svc"], env={"DRILLS_CONFIG": str(cfg)}, reports=tmp_path / "r1")
+    assert r.returncode == 2 and ctx in r.stderr and "allowlist" in r.stderr
+    # allowlisted context, but a namespace without the opt-in label
+    core = client.CoreV1Api(kube)
+    core.patch_namespace(namespace, {"metadata": {"labels": {config.NAMESPACE_OPT_IN_LABEL: None}}})
+    cfg.write_text(f"allowed_contexts: [{ctx}]\n")
+    r = _run(["run", "--kubeconfig", str(cluster.kubeconfig), "--context", ctx, "--namespace", namespace,
+              "--rollout", "svc"], env={"DRILLS_CONFIG": str(cfg)}, reports=tmp_path / "r2")
+    assert r.returncode == 2 and namespace in r.stderr and config.NAMESPACE_OPT_IN_LABEL in r.stderr
+    time.sleep(1.0)
+    assert _mutations_since(audit, namespace, since) == []
+
+
+def test_dry_run_prints_mutations_and_makes_none(kube, cluster, namespace, tmp_path, controller_version):
+    _prepared(kube, namespace, tmp_path / "ev", controller_version)
+    since = time.time()
+    r = _run(["run", "--kubeconfig", str(cluster.kubeconfig), "--context", _context(cluster), "--namespace",
+              namespace, "--rollout", "svc", "--allow-context", _context(cluster), "--dry-run"],
+             reports=tmp_path / "r")
+    assert r.returncode == 0, r.stderr
+    assert "dry-run: would" in r.stdout and "roll back" in r.stdout
+    time.sleep(1.0)
+    assert _mutations_since(cluster.status()["audit_log"], namespace, since) == []
+
+
+def test_sigint_mid_rollback_restores_and_is_inconclusive(kube, cluster, namespace, tmp_path, controller_version):
+    d = _prepared(kube, namespace, tmp_path / "ev", controller_version)
+    image_v2 = d.spec.image_v2
+    reports = tmp_path / "reports"
+    proc = subprocess.Popen([sys.executable, "-m", "drills", "run", "--kubeconfig", str(cluster.kubeconfig),
+                             "--context", _context(cluster), "--namespace", namespace, "--rollout", "svc",
+                             "--allow-context", _context(cluster)],
+                            env=dict(os.environ, DRILLS_REPORTS=str(reports)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    ro = Rollouts(kube, namespace)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:       # the rollback has been sent
+        if ro.get("svc")["spec"]["template"]["spec"]["containers"][0]["image"] != image_v2:
+            break
+        time.sleep(0.02)
+    else:
+        proc.kill()
+        pytest.fail("the drill never rolled back")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode not in (0, None), err
+    obj = ro.get("svc")
+    assert obj["spec"]["template"]["spec"]["containers"][0]["image"] == image_v2, err
+    assert healthy()(obj) and obj["status"]["stableRS"] == obj["status"]["currentPodHash"], err
+    assert "drills.dev/lease" not in (obj["metadata"].get("annotations") or {})
+    rows = json.loads(next(reports.glob("*/ledger.json")).read_text())
+    assert rows and any(r["verdict"] == "inconclusive" and "SIGINT" in (r["reason"] or "") for r in rows), rows
+    assert not any(r["verdict"] == "pass" for r in rows if r["step"] in ("before", "after"))
