@@ -29,6 +29,53 @@ class StepFailed(AssertionError):
     pass
 
 
+class LaneLoad:
+    """Locust load through the mesh emulator during each rollback of the lane (embedded cluster only).
+
+    Per-pod capacity is set so the stable ReplicaSet carries the whole load comfortably while half the pods
+    cannot: the BEFORE exposure (100 % on 1 of 2 pods) must show failures, AFTER (5 %) nearly none.
+    """
+
+    USERS, RATE_PER_USER, CAPACITY_RPS = 10, 4.0, 30.0     # 40 req/s offered; 30 req/s per Ready pod
+
+    def __init__(self, cluster, namespace: str, name: str, folder: Path, log=None):
+        from .mesh import MeshProcess
+        self.folder = Path(folder)
+        self.log = log or (lambda m: None)
+        self.mesh = MeshProcess(cluster.kubeconfig, namespace, name, name, capacity_rps=self.CAPACITY_RPS,
+                                folder=self.folder, register=cluster.register_process,
+                                unregister=cluster.unregister_process, seed=7)
+        self.run = None
+
+    def start(self, label: str):
+        from .load import start_load
+        self.run = start_load(self.mesh.url, self.folder / label, users=self.USERS,
+                              rate_per_user=self.RATE_PER_USER, run_time_s=240, name=label)
+        time.sleep(5.0)      # the steady phase before the rollback
+
+    def finish(self, ledger: Ledger, step: str, derived, phases_rel: dict) -> tuple[list[dict], dict]:
+        from .load import load_thresholds, phase_stats, record_phase_rows
+        time.sleep(3.0)      # a little of the settled phase
+        self.run.stop()
+        to_wall = lambda t: derived.t0_wall + t  # noqa: E731
+        phases = {k: (to_wall(a), to_wall(b)) for k, (a, b) in phases_rel.items() if a is not None and b is not None
+                  and b > a}
+        if "settled" in phases_rel and phases_rel["settled"][0] is not None:
+            phases["settled"] = (to_wall(phases_rel["settled"][0]), self.run.ended_at)
+        stats = phase_stats(self.run.records(), phases)
+        rows = record_phase_rows(ledger, LANE, step, stats, load_thresholds(), self.run.records_path)
+        extra = {"phases": {k: [round(a - derived.t0_wall, 3), round(b - derived.t0_wall, 3)]
+                            for k, (a, b) in phases.items()},
+                 "load": {k: {"failure_ratio": v.get("failure_ratio"), "p95_ms": v.get("p95_ms"),
+                              "requests": v.get("requests")} for k, v in stats.items()}}
+        return rows, extra
+
+    def close(self):
+        if self.run:
+            self.run.stop()
+        self.mesh.stop()
+
+
 class LaneA:
     def __init__(self, drill: RollbackDrill, fixture: dict, ledger: Ledger, variant: str, version: str):
         self.drill = drill
@@ -39,18 +86,23 @@ class LaneA:
         self.expect = expectations(version)
         self.done: set[str] = set()
         self.after_obs: Observation | None = None
+        self.load: LaneLoad | None = None
+        self.cluster = None
+        self.load_rows: list[dict] = []
 
     @classmethod
     def create(cls, api, namespace: str, evidence_dir: Path, ledger: Ledger, version: str, variant: str = "stage",
                availability_control: bool = True, rollback_via: str = "gitops", journal=None, log=None,
-               audit_log: Path | None = None) -> "LaneA":
+               audit_log: Path | None = None, cluster=None) -> "LaneA":
         fx_path = config.fixtures_dir() / "lane_a" / f"{variant}.yaml"
         spec, fx = ProbeSpec.from_fixture(fx_path, availability_control=availability_control,
                                           rollback_via=rollback_via)
         ev = Path(evidence_dir) / (f"lane-a-{variant}")
         drill = RollbackDrill(api, namespace, spec, ev, journal=journal, log=log, controller_version=version,
                               audit_log=audit_log)
-        return cls(drill, fx, ledger, variant, version)
+        lane = cls(drill, fx, ledger, variant, version)
+        lane.cluster = cluster
+        return lane
 
     # --- plumbing ----------------------------------------------------------------------------------
     def _assertion(self, text: str) -> str:
@@ -73,11 +125,15 @@ class LaneA:
         assert row["verdict"] in (PASS, UNVERIFIED), msg
 
     def close(self):
+        if self.load:
+            self.load.close()
         self.drill.cleanup()
 
     # --- steps -------------------------------------------------------------------------------------
     def deploy_v1(self):
         self.drill.deploy_v1()
+        if self.cluster is not None and self.variant == "stage":
+            self.load = LaneLoad(self.cluster, self.drill.ns, self.drill.name, self.drill.evidence_dir / "load")
 
     def deploy_v2(self):
         self.drill.deploy_v2()
@@ -97,13 +153,52 @@ class LaneA:
             availability_control=self.drill.spec.availability_control)
 
     def before(self) -> dict:
+        if self.load:
+            self.load.start("before")
         self.drill.start_rollback("before")
         self.done.add("before-ran")
         try:
             self.drill.wait_settled()
         finally:
-            obs = self.drill.finish()
+            extra = self._load_phases("before", settled=True)
+            obs = self.drill.finish(extra_series=extra)
         return self._record_peak("before", obs, (self.expect or {}).get("before"))
+
+    def load_rows_checked(self) -> list[dict]:
+        """The per-phase load rows of BEFORE and AFTER (the stage lane on the embedded cluster runs load)."""
+        if self.load is None:
+            if self.variant == "stage" and self.cluster is not None:
+                raise StepFailed("no load ran during the stage lane")
+            return []
+        phases = {(r["step"], r["assertion"]) for r in self.load_rows}
+        for step in ("before", "after"):
+            if (step, "load.exposure.failure_ratio") not in phases:
+                raise StepFailed(f"no load was measured in the {step} exposure phase")
+        return self.load_rows
+
+    def _load_phases(self, step: str, settled: bool = False, exit_mark: str | None = None) -> dict | None:
+        """Cut the load into phases from the timeline so far (steady: before the rollback; exposure: a
+        non-zero weight on the partial ReplicaSet; exit: from ``exit_mark`` to full availability; settled:
+        afterwards); ledger rows per phase."""
+        if not self.load or not self.load.run:
+            return None
+        d = timeline.derive(list(self.drill.recorder.records), self.drill.hash_v1, since_mark="rollback")
+        rel = lambda t: None if t is None else t - d.t0  # noqa: E731
+        first_weight = next((t for t, w, *_ in d.weights_while_partial if w > 0), None)
+        partial_end = d.partial[-1][1] if d.partial else None
+        mark = next((t for t, label in d.markers if label == exit_mark), None) if exit_mark else None
+        now = rel(time.monotonic())
+        phases = {"steady": (-5.0, 0.0)}
+        if first_weight is not None:
+            end = mark if mark is not None else (partial_end if partial_end else None)
+            phases["exposure"] = (rel(first_weight), rel(end) if end is not None else now)
+        if mark is not None:
+            phases["exit"] = (rel(mark), rel(partial_end) if partial_end else now)
+        if settled:
+            phases["settled"] = (rel(partial_end) if partial_end else now, None)
+        rows, extra = self.load.finish(self.ledger, step, d, phases)
+        self.load_rows.extend(rows)
+        return extra
 
     def cut_steps(self) -> dict:
         steps = self.fx["steps_after"]
@@ -122,6 +217,8 @@ class LaneA:
 
     def after(self) -> dict:
         d = self.drill
+        if self.load:
+            self.load.start("after")
         d.start_rollback("after")
         self.done.add("after-ran")
         # wait for the first non-zero weight while partial, then give the controller time to write more
@@ -153,7 +250,8 @@ class LaneA:
             healthy_ok, healthy_err = False, str(e)
         if healthy_ok:
             d.wait_settled(timeout=60)
-        obs = d.finish()
+        extra = self._load_phases("after", settled=True, exit_mark="abort")
+        obs = d.finish(extra_series=extra)
         recs = timeline.load(Path(obs.timeline))
         ex = exit_analysis(recs, d.hash_v1, replicas=d.spec.replicas)
         ev = obs.timeline

@@ -220,9 +220,8 @@ class Rollouts:
         if self.journal:
             self.journal.before_spec_change(ro)
         patch = [{"op": "replace", "path": "/spec/template", "value": template}]
-        # a list body makes the client send application/json-patch+json
         return self._send("undo", name, patch, lambda: self.co.patch_namespaced_custom_object(
-            GROUP, VERSION, self.ns, PLURAL, name, patch))
+            GROUP, VERSION, self.ns, PLURAL, name, patch, _content_type="application/json-patch+json"))
 
     def owned_replicasets(self, ro: dict) -> list:
         sel = ",".join(f"{k}={v}" for k, v in ro["spec"]["selector"]["matchLabels"].items())

@@ -20,7 +20,7 @@ def drill(kube, cluster, module_namespace, evidence_dir, ledger, request, contro
                             variant=request.config.getoption("--lane-a-variant"),
                             availability_control=request.config.getoption("--availability-control") == "on",
                             rollback_via=request.config.getoption("--rollback-via"),
-                            audit_log=cluster.status().get("audit_log"))
+                            audit_log=cluster.status().get("audit_log"), cluster=cluster)
     yield d
     d.close()
 
@@ -58,5 +58,12 @@ def test_after_rollback_weight_stays_at_first_rung(drill):
 
 def test_exit_with_promote_full_keeps_weight_until_available(drill):
     rows = drill.step("exit", drill.exit_promote_full, needs="after-ran")
+    for row in rows:
+        drill.assert_row(row)
+
+
+def test_users_felt_the_exposure_before_and_not_after(drill):
+    """Load through the (emulated) mesh: failures in the BEFORE exposure window, (nearly) none AFTER."""
+    rows = drill.step("load", drill.load_rows_checked, needs="exit")
     for row in rows:
         drill.assert_row(row)
