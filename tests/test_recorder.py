@@ -81,3 +81,25 @@ def test_derive_orders_by_resource_version_not_arrival():
     d = timeline.derive(records, "c", since_mark="rollback")
     assert d.peak_canary_weight_while_partial == 100
     assert d.partial_window_observed
+
+
+@pytest.mark.single_version
+def test_watch_command_records_a_rollout_driven_by_hand(kube, cluster, namespace, tmp_path):
+    import json
+    import subprocess
+    import sys
+    ro = _deploy(kube, namespace, ProbeSpec(steps=[{"setWeight": 50}, {"pause": {"duration": "2s"}}],
+                                            replicas=2, name="byhand"))
+    ro.wait("byhand", healthy(), 60)
+    out = tmp_path / "byhand.timeline.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "drills", "watch", "-n", namespace, "byhand", "--kubeconfig",
+                             str(cluster.kubeconfig), "--duration", "25s", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    ro.set_image("byhand", "registry.local/probe:v2")
+    stdout, stderr = proc.communicate(timeout=90)
+    assert proc.returncode == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["complete"] is True
+    assert 50 in [w for _, w in summary["canary_weights"]], summary["canary_weights"]
+    assert out.exists() and any(json.loads(line)["kind"] == "VirtualService" for line in out.open())
