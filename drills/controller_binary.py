@@ -49,7 +49,7 @@ def inspect_binary(path: Path, crds: Path | None = None) -> BinaryInfo:
     if not path.is_file():
         raise ControllerBinaryError(f"--controller-binary {path}: no such file")
     import os
-    if not os.access(path, os.X_OK):
+    if not os.access(path, os.X_OK) or not path.stat().st_mode & 0o111:
         raise ControllerBinaryError(f"--controller-binary {path}: not an executable file")
     try:
         r = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=20)
