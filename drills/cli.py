@@ -116,6 +116,14 @@ def cmd_run(args) -> int:
             raise BadInput(str(e))
         versions = [info.nearest_release]
         env.update({"DRILLS_CONTROLLER_BINARY": str(info.path), "DRILLS_CRDS": str(info.crds_dir)})
+        if args.source:
+            from .branches import SourceMapError, find_branches, source_file
+            try:
+                env["DRILLS_SOURCE"] = str(find_branches(source_file(Path(args.source))).source)
+            except (SourceMapError, OSError) as e:
+                raise BadInput(str(e))
+    elif args.source:
+        raise BadInput("--source goes with --controller-binary (a release's lines come from its own module)")
     else:
         try:
             versions = resolve_controller_versions(args.controller)
@@ -134,6 +142,19 @@ def cmd_run(args) -> int:
     except BuildError as e:
         _err(str(e))
         return EXIT_FAIL
+    if args.controller_binary:
+        # start it once before the lanes: a binary that does not run as a rollouts controller is bad input
+        from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
+        try:
+            EmbeddedCluster().up(versions[0], controller_binary=info.path, crds_dir=info.crds_dir,
+                                 reported_version=info.reported)
+        except ClusterInputError as e:
+            raise BadInput(str(e))
+        except ClusterError as e:
+            if "rollouts controller" in str(e):
+                raise BadInput(f"--controller-binary {info.path} does not start as a rollouts controller: {e}")
+            _err(str(e))
+            return EXIT_FAIL
     pytest_args = []
     variants = ["stage", "prod"] if args.variant == "both" else [args.variant]
     code = 0
@@ -144,7 +165,8 @@ def cmd_run(args) -> int:
         lanes_v = lanes if variant == variants[0] else [k for k in lanes if k == "a"]
         if not lanes_v:
             continue
-        c, run_dir, all_rows = run(versions, lanes_v, run_dir=run_dir, pytest_args=pytest_args, env_extra=env)
+        c, run_dir, all_rows = run(versions, lanes_v, run_dir=run_dir, pytest_args=pytest_args, env_extra=env,
+                                   tag="" if variant == "stage" else f"-{variant}")
         code = c if code == 0 else (1 if 1 in (c, code) else max(c, code))
     if not args.keep_cluster:
         from .cluster import EmbeddedCluster
@@ -323,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--rollback-via", choices=["gitops", "undo"], default="gitops")
     rn.add_argument("--controller-binary", default=None, help="run against a rollouts-controller you built")
     rn.add_argument("--crds", default=None, help="CRD folder for --controller-binary (default: nearest release)")
+    rn.add_argument("--source", default=None,
+                    help="source of --controller-binary (tree root, folder or rollout/trafficrouting.go): the "
+                         "branch lines of lane order (without it: 'lines unknown')")
     rn.add_argument("--keep-cluster", action="store_true", help="leave the embedded cluster up afterwards")
     live = rn.add_argument_group("live mode (a stage Rollout, under the safety rules)")
     live.add_argument("--kubeconfig", default=None)

@@ -32,6 +32,9 @@ def pytest_addoption(parser):
     g.addoption("--controller-binary", default=os.environ.get("DRILLS_CONTROLLER_BINARY"),
                 help="a user-built rollouts-controller to run instead of a built release")
     g.addoption("--crds", default=os.environ.get("DRILLS_CRDS"), help="CRD folder for --controller-binary")
+    g.addoption("--source", default=os.environ.get("DRILLS_SOURCE"),
+                help="Argo Rollouts source (tree root, folder or rollout/trafficrouting.go) of --controller-binary, "
+                     "for the branch lines of lane order (without it: 'lines unknown')")
     g.addoption("--availability-control", default=os.environ.get("DRILLS_AVAILABILITY_CONTROL", "on"),
                 choices=["on", "off"], help="hold revived pods (on) or let every pod turn Ready at once (off)")
     g.addoption("--rollback-via", default=os.environ.get("DRILLS_ROLLBACK_VIA", "gitops"),

@@ -46,7 +46,7 @@ def link_latest(run_dir: Path) -> None:
 
 
 def run(versions: list[str], lanes: list[str], run_dir: Path | None = None, pytest_args: list[str] | None = None,
-        env_extra: dict | None = None, log=None) -> tuple[int, Path, list[dict]]:
+        env_extra: dict | None = None, log=None, tag: str = "") -> tuple[int, Path, list[dict]]:
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     run_id = run_dir.name if run_dir else new_run_id()
     run_dir = Path(run_dir or config.reports_dir() / run_id)
@@ -59,7 +59,7 @@ def run(versions: list[str], lanes: list[str], run_dir: Path | None = None, pyte
         log(f"run {run_id}: [{i}/{len(versions)}] controller {v}: lanes {', '.join(lanes)}")
         cmd = [sys.executable, "-m", "pytest", "-p", "no:locust", "-q", "-rfE", "--no-header",
                "--controller", v, "--drills-run-dir", str(run_dir), "--drills-run-id", run_id,
-               f"--junitxml={run_dir / f'junit-{v}.xml'}", "-o", "cache_dir=" + str(run_dir / ".pytest_cache"),
+               f"--junitxml={run_dir / f'junit-{v}{tag}.xml'}", "-o", "cache_dir=" + str(run_dir / ".pytest_cache"),
                *(pytest_args or []), *paths]
         env = dict(os.environ, **(env_extra or {}))
         tv = time.monotonic()
