@@ -738,13 +738,16 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path) -> tuple[Path,
         callouts = []
         for v in order_versions:
             for _, r, _, _ in (order_cells.get((v, HAZARD_STEP)) or {}).values():
-                obs, exp = _num(r.get("observed")), _num(r.get("expected"))
+                # the prescription's promise is the last rung (kept in the row's details); the row's own
+                # expected value may be upstream's known behaviour
+                obs = _num(r.get("observed"))
+                exp = _num((r.get("details") or {}).get("last_rung", r.get("expected")))
                 if r.get("verdict") != "not_applicable" and obs is not None and exp is not None and obs > exp:
                     callouts.append((v, r, obs, exp))
         for v, r, obs, exp in callouts:
             text = (f"{v}: the prescription no longer keeps the weight at the last rung — "
-                    f"{r.get('assertion')}: observed {_fmt_value(r.get('observed'))} > expected "
-                    f"{_fmt_value(r.get('expected'))} (verdict {_verdict_text(r.get('verdict'))}, "
+                    f"{r.get('assertion')}: observed {_fmt_value(r.get('observed'))} > last rung "
+                    f"{_fmt_value(exp)} (verdict {_verdict_text(r.get('verdict'))}, "
                     f"run {r.get('run_id')}).")
             h.append(f'<p class="callout"><strong>{html.escape(text)}</strong></p>')
             m.append(f"**{_md_cell(text)}**\n")
