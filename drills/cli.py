@@ -155,22 +155,25 @@ def cmd_run(args) -> int:
                 raise BadInput(f"--controller-binary {info.path} does not start as a rollouts controller: {e}")
             _err(str(e))
             return EXIT_FAIL
+    from .ledger import combine_exit_codes
     pytest_args = []
     variants = ["stage", "prod"] if args.variant == "both" else [args.variant]
     code = 0
     run_dir = None
     all_rows = []
-    for variant in variants:
-        env["DRILLS_LANE_A_VARIANT"] = variant
-        lanes_v = lanes if variant == variants[0] else [k for k in lanes if k == "a"]
-        if not lanes_v:
-            continue
-        c, run_dir, all_rows = run(versions, lanes_v, run_dir=run_dir, pytest_args=pytest_args, env_extra=env,
-                                   tag="" if variant == "stage" else f"-{variant}")
-        code = c if code == 0 else (1 if 1 in (c, code) else max(c, code))
-    if not args.keep_cluster:
-        from .cluster import EmbeddedCluster
-        EmbeddedCluster().down(quiet=True)
+    try:
+        for variant in variants:
+            env["DRILLS_LANE_A_VARIANT"] = variant
+            lanes_v = lanes if variant == variants[0] else [k for k in lanes if k == "a"]
+            if not lanes_v:
+                continue
+            c, run_dir, all_rows = run(versions, lanes_v, run_dir=run_dir, pytest_args=pytest_args, env_extra=env,
+                                       tag="" if variant == "stage" else f"-{variant}")
+            code = combine_exit_codes(code, c)
+    finally:
+        if not args.keep_cluster:
+            from .cluster import EmbeddedCluster
+            EmbeddedCluster().down(quiet=True)
     print(summary_table(all_rows))
     print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  matrix: {run_dir.parent / 'matrix.html'}")
     return code
@@ -309,6 +312,11 @@ def cmd_restore(args) -> int:
         j = Journal.load(Path(args.journal))
     except (FileNotFoundError, ValueError) as e:
         raise BadInput(str(e))
+    from .safety import RefusedTarget, check_context
+    try:
+        check_context(j.data.get("context"), embedded=False, allow=args.allow_context)
+    except RefusedTarget as e:
+        raise BadInput(str(e))
     api = kconfig.new_client_from_config(config_file=j.data.get("kubeconfig"), context=j.data.get("context"))
     ok = restore_with_guard(j, api, log=_progress)
     return EXIT_OK if ok else EXIT_FAIL
@@ -357,7 +365,6 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--allow-context", action="append", default=[])
     live.add_argument("--sync-paused", action="store_true", help="the Argo CD sync of this app is paused")
     live.add_argument("--dry-run", action="store_true", help="print every mutation, make none")
-    live.add_argument("--service-url", default=None, help="live load target (the stage service's URL)")
     rn.set_defaults(func=cmd_run)
 
     pr = sub.add_parser("probe", help="one rollback inside rollbackWindow for any step list, on a fresh namespace")
@@ -389,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     rs = sub.add_parser("restore", help="finish a restore from a drill's journal")
     rs.add_argument("--journal", required=True)
+    rs.add_argument("--allow-context", action="append", default=[])
     rs.set_defaults(func=cmd_restore)
 
     cl = sub.add_parser("cluster", help="the embedded default cluster")

@@ -87,6 +87,14 @@ class Ledger:
             return str(p)
 
 
+def combine_exit_codes(*codes: int) -> int:
+    """Precedence of drill exits: 2 bad input or refused target > 1 any fail > 3 any inconclusive > 0."""
+    for c in (2, 1, 3):
+        if c in codes:
+            return c
+    return max(codes) if codes else 0
+
+
 def exit_code(rows: list[dict]) -> int:
     """0 all pass, 1 any fail, 3 any inconclusive (fail wins)."""
     verdicts = {r.get("verdict") for r in rows}

@@ -140,7 +140,7 @@ def run_live(args, log=None) -> int:
             f"BEFORE: roll back the pod template to ReplicaSet {pre['target'].metadata.labels.get(HASH_LABEL)}",
             f"cut the steps [{steps_text(steps)}] -> [{steps_text(cut)}]",
             "redeploy the current image, wait for the rollback target to be scaled to 0",
-            "AFTER: roll back again, abort while partial, promote --full",
+            "AFTER: roll back again and observe",
             f"restore: image {ro['spec']['template']['spec']['containers'][0]['image']}, steps [{steps_text(steps)}]"]
     if args.dry_run:
         for p in plan:
@@ -157,11 +157,11 @@ def run_live(args, log=None) -> int:
     drill.live_template_v1 = template_v1
     co = client.CustomObjectsApi(api)
     journal.before_spec_change(ro)
-    co.patch_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL, args.rollout,
-                                      {"metadata": {"annotations": {LEASE_ANNOTATION: run_id}}})
     rc = 0
     with SignalGuard():
         try:
+            co.patch_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL, args.rollout,
+                                              {"metadata": {"annotations": {LEASE_ANNOTATION: run_id}}})
             _live_lane(drill, ledger, steps, cut, template_v1)
         except Interrupted as e:
             log(f"live drill {e}; restoring")

@@ -281,6 +281,7 @@ class RollbackDrill:
             if self.journal:
                 self.journal.held(self.ns, hid)
         else:
+            self._saved_delay = float(self.availability.config().get("default_delay", 1.0))
             self.availability.set_default_delay(0.0)
         if self.spec.rollback_via == "undo":
             res = self.ro.undo(self.name)
@@ -334,8 +335,7 @@ class RollbackDrill:
         for hid in self.holds:
             self.availability.unhold(hid)
         self.holds = []
-        if not self.spec.availability_control:
-            self.availability.set_default_delay(1.0)
+        self._restore_delay()
         rec = self.recorder
         result = rec.stop()
         d = timeline.derive(rec.records, self.hash_v1, since_mark="rollback")
@@ -353,7 +353,16 @@ class RollbackDrill:
         self.recorder = None
         return obs
 
+    def _restore_delay(self):
+        if getattr(self, "_saved_delay", None) is not None:
+            self.availability.set_default_delay(self._saved_delay)
+            self._saved_delay = None
+
     def cleanup(self):
+        try:
+            self._restore_delay()
+        except ApiException:
+            pass
         for hid in self.holds:
             try:
                 self.availability.unhold(hid)

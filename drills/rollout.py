@@ -255,7 +255,27 @@ class Rollouts:
         self.wait(name, left_pause(index), timeout)
         return res
 
+    def _fresh(self, action, name: str, *args, attempts: int = 5, **kw):
+        """Status writes carry the resourceVersion they were computed from; on a conflict (the controller
+        wrote in between, so ours was not applied) the write is recomputed from a fresh read."""
+        for i in range(attempts):
+            try:
+                return action(name, *args, **kw)
+            except ApiException as e:
+                if e.status != 409 or i == attempts - 1:
+                    raise
+                time.sleep(0.05 * (i + 1))
+
     def promote(self, name: str, full: bool = False) -> dict | None:
+        return self._fresh(self._promote, name, full=full)
+
+    def abort(self, name: str):
+        return self._fresh(self._abort, name)
+
+    def retry(self, name: str):
+        return self._fresh(self._retry, name)
+
+    def _promote(self, name: str, full: bool = False) -> dict | None:
         ro = self.get(name)
         st = ro.get("status") or {}
         rv = ro["metadata"]["resourceVersion"]
@@ -281,13 +301,13 @@ class Rollouts:
             out = self._merge_patch(name, "promote (unpause)", {"spec": {"paused": False}})
         return out
 
-    def abort(self, name: str):
+    def _abort(self, name: str):
         ro = self.get(name)
         if self.journal:
             self.journal.before_status_change(ro)
         return self._patch_status(name, "abort", {"abort": True}, ro["metadata"]["resourceVersion"])
 
-    def retry(self, name: str):
+    def _retry(self, name: str):
         ro = self.get(name)
         if self.journal:
             self.journal.before_status_change(ro)

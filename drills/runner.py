@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import config
-from .ledger import FAIL, INCONCLUSIVE, exit_code, new_run_id, read_rows
+from .ledger import FAIL, INCONCLUSIVE, combine_exit_codes, exit_code, new_run_id, read_rows
 
 LANES = {"a": "lane_a", "b": "lane_b", "abort": "lane_abort", "order": "lane_order"}
 DEFAULT_LANES = ("a", "b")
@@ -66,16 +66,18 @@ def run(versions: list[str], lanes: list[str], run_dir: Path | None = None, pyte
         rcs[v] = subprocess.call(cmd, cwd=str(config.project_root()), env=env)
         log(f"run {run_id}: controller {v} done in {time.monotonic() - tv:.0f}s (pytest exit {rcs[v]})")
     rows = read_rows(run_dir / "ledger.json")
-    code = exit_code(rows)
-    if code == 0 and any(rc not in (0,) for rc in rcs.values()):
-        code = 1        # a step failed before it could record a row
+    codes = [exit_code(rows)]
+    for v, rc in rcs.items():
+        if rc != 0 and exit_code([r for r in rows if r["controller_version"].startswith(v)]) == 0:
+            codes.append(1)     # a step failed (or pytest could not run) before it could record a row
+    code = combine_exit_codes(*codes)
     try:
         from .report import write_matrix, write_run_report
         write_run_report(run_dir)
         write_matrix(None, run_dir.parent)
     except Exception as e:  # the ledger is the record; a report failure is said, not hidden
         log(f"report: {type(e).__name__}: {e}")
-        code = max(code, 1) if code != 3 else code
+        code = combine_exit_codes(code, 1)
     log(f"run {run_id}: {len(versions)} version(s) in {time.monotonic() - t0:.0f}s")
     return code, run_dir, rows
 

@@ -6,7 +6,8 @@
 - Every mutation is journalled with its inverse before it is sent (a JSON file, so
   ``drills restore --journal FILE`` can finish a restore later).
 - Restore returns each touched Rollout to the pod template, steps, replicas and abort/pause state it had
-  before the drill, removes the drill's holds and objects, and waits until the Rollout is Healthy.
+  before the drill, removes the drill's holds, and waits until the Rollout is Healthy at the ReplicaSet
+  that was stable before the drill.
 - SIGINT/SIGTERM interrupt the drill; the first one leads to restore, a second one during restore
   stops it and prints what is left.
 """
@@ -149,7 +150,7 @@ class Journal:
     # --- restore ----------------------------------------------------------------------------------
     def restore(self, api: client.ApiClient, timeout: float = 180, log=None) -> None:
         from .cluster.availability import Availability
-        from .rollout import GROUP, PLURAL, VERSION, Rollouts, healthy
+        from .rollout import GROUP, PLURAL, VERSION, Rollouts, healthy, healthy_at
         log = log or (lambda m: print(m, file=sys.stderr, flush=True))
         co = client.CustomObjectsApi(api)
         av = Availability(api)
@@ -183,8 +184,8 @@ class Journal:
                                                          {"status": {"abort": False}})
             if orig.get("phase") == "Healthy":
                 rl = Rollouts(api, ns)
-                rl.wait(name, healthy(), timeout=max(5.0, deadline - time.monotonic()),
-                        progress=lambda m: log(f"restore: {m}"))
+                rl.wait(name, healthy_at(orig["stableRS"]) if orig.get("stableRS") else healthy(),
+                        timeout=max(5.0, deadline - time.monotonic()), progress=lambda m: log(f"restore: {m}"))
                 log(f"restore: {key} Healthy")
         self.data["restored"] = True
         self._save()

@@ -185,6 +185,7 @@ class Recorder:
         deadline = time.monotonic() + timeout
         for kind, ev in self.ready.items():
             if not ev.wait(max(0.0, deadline - time.monotonic())):
+                self.stop()
                 raise RuntimeError(f"recorder: the {kind} watch did not start within {timeout:.0f}s")
         return self
 
@@ -386,6 +387,8 @@ class Derived:
     markers: list = field(default_factory=list)              # [t, label]
     peak_canary_weight_while_partial: int | None = None
     weights_while_partial: list = field(default_factory=list)
+    # a partial-availability window: some but not all of the canary's target pods available.  Windows
+    # (``partial``) and the peak also cover moments with none available (the controller then holds 0).
     partial_window_observed: bool = False
     exposure_seconds: float = 0.0
     rollback_in_window: bool = False
@@ -444,8 +447,15 @@ def derive(records: list[dict], canary_hash: str | None, since_mark: str | None 
             if since_mark and r["name"] == since_mark and not active:
                 active = True
                 d.t0, d.t0_wall = t, r["wall"]
-            if until_mark and r["name"] == until_mark and active:
+            if until_mark and r["name"] == until_mark and active and not stopped:
                 stopped = True
+                if partial_since is not None:
+                    d.partial[-1][1] = t
+                    partial_since = None
+                if exposure_since is not None:
+                    d.exposure[-1][1] = t
+                    d.exposure_seconds += t - exposure_since
+                    exposure_since = None
             continue
         if kind == "Rollout" and r["type"] != "DELETED":
             ro = obj
@@ -493,6 +503,8 @@ def derive(records: list[dict], canary_hash: str | None, since_mark: str | None 
                                          f"while the revived ReplicaSet had {avail}/{tgt} available")
             d.rollback_in_window = True
         is_partial = crs is not None and tgt > 0 and avail < tgt
+        if is_partial and avail > 0:
+            d.partial_window_observed = True      # some, not all, of the canary's pods available
         if is_partial:
             if partial_since is None:
                 partial_since = t
@@ -516,7 +528,6 @@ def derive(records: list[dict], canary_hash: str | None, since_mark: str | None 
     d.end = t_prev
     if exposure_since is not None:
         d.exposure_seconds += t_prev - exposure_since
-    d.partial_window_observed = bool(d.partial)
     d.peak_canary_weight_while_partial = peak if d.partial_window_observed else None
     return d
 

@@ -387,14 +387,14 @@ class EmbeddedCluster:
         st = self.state()
         procs = st.get("processes", [])
         for p in procs:
-            self._terminate(p["pid"])
+            self._terminate(p["pid"], expect=self._expected_cmd(p["name"]))
         r = None
         kwok_pids = self._kwok_pids()
         if self.tc.bin("kwok", config.KWOK_VERSION, "kwokctl").exists():
             r = self._kwokctl("delete", "cluster", "--name", self.name, "--kubeconfig", str(self.kubeconfig),
                               check=False)
-        for pid in kwok_pids.values():      # kwokctl stops them; make sure of it
-            self._terminate(pid, grace=2.0)
+        for name, pid in kwok_pids.items():      # kwokctl stops them; make sure of it
+            self._terminate(pid, grace=2.0, expect=name.split("-")[0])
         if self.folder.exists():
             shutil.rmtree(self.folder, ignore_errors=True)
         if not quiet:
@@ -402,10 +402,21 @@ class EmbeddedCluster:
                                                       r.returncode != 0 else ""))
         return {"stopped": [p["name"] for p in procs]}
 
+    def _expected_cmd(self, name: str) -> str:
+        return {"rollouts-controller": "--leader-elect=false", "releaser": "drills.cluster.availability"}.get(
+            name, str(self.kubeconfig) if name.startswith("mesh") else name.split("-")[0])
+
     @staticmethod
-    def _terminate(pid: int, grace: float = 5.0):
+    def _terminate(pid: int, grace: float = 5.0, expect: str | None = None):
         if not pid_alive(pid):
             return
+        if expect:
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                return
+            if expect not in cmd:
+                return      # the pid was reused by another program: not ours to stop
         try:
             os.killpg(pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
