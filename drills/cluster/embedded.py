@@ -358,7 +358,7 @@ class EmbeddedCluster:
         time.sleep(0.05)
         if not pid_alive(pid):
             log = (self.folder / "logs" / "rollouts-controller.log").read_text()[-600:]
-            raise ClusterInputError(f"{binary} did not start as a rollouts controller: {log.strip()}")
+            raise ClusterInputError(f"{binary} does not start as a rollouts controller: {log.strip()}")
 
     def _wait_sentinel(self, api, timeout: float = 60):
         from kubernetes import client
