@@ -18,7 +18,6 @@ import time
 import yaml
 
 from drills import config
-from drills.lane_a import LaneLoad  # noqa: F401  (the figures below mirror its phases)
 
 
 def _seconds(d: str) -> float:

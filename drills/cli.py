@@ -181,8 +181,6 @@ def cmd_run(args) -> int:
 
 # --- probe -------------------------------------------------------------------------------------
 def cmd_probe(args) -> int:
-    from kubernetes import client as kclient
-
     from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
     from .ledger import new_run_id
     from .probe import ProbeSpec, observation_dict, parse_steps, run_probe
@@ -281,7 +279,6 @@ def cmd_watch(args) -> int:
             if duration and _time.monotonic() - t0 >= duration:
                 break
             if args.until_healthy and _time.monotonic() - t0 > 2:
-                cur = rec.records[-1] if rec.records else None
                 ro = Rollouts(api, args.namespace).get(args.rollout)
                 if healthy()(ro) and ro["status"].get("stableRS") == ro["status"].get("currentPodHash"):
                     break

@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 from . import config
 from .ledger import INCONCLUSIVE, Ledger, exit_code, new_run_id
 from .probe import ProbeSpec, RollbackDrill, steps_text
-from .rollout import GROUP, HASH_LABEL, PLURAL, REVISION_ANNOTATION, VERSION, Rollouts, healthy
+from .rollout import GROUP, HASH_LABEL, PLURAL, VERSION, Rollouts, healthy
 from .safety import (Interrupted, Journal, RefusedTarget, SignalGuard, check_context, check_namespace,
                      restore_with_guard)
 

@@ -81,7 +81,7 @@ class ProbeSpec:
     replicas: int = 2
     min_pods: int = 1
     routing: str = "subset"              # subset | host
-    rollback_window: int = 3
+    rollback_window: int | None = 3      # None: no rollbackWindow at all
     scale_down_delay: int = 5
     hold_seconds: float = 15.0
     batch_release: bool = False
@@ -141,10 +141,27 @@ def manifests(spec: ProbeSpec, namespace: str) -> dict:
                                          "ports": [{"containerPort": 8080}]}]}}
     ro = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": n, "namespace": namespace},
           "spec": {"replicas": spec.replicas, "revisionHistoryLimit": 10,
-                   "rollbackWindow": {"revisions": spec.rollback_window},
                    "selector": {"matchLabels": dict(labels)}, "template": template,
                    "strategy": {"canary": canary}}}
+    if spec.rollback_window is not None:
+        ro["spec"]["rollbackWindow"] = {"revisions": spec.rollback_window}
     return {"services": services, "destinationrule": dr, "virtualservice": vs, "rollout": ro}
+
+
+def install(api: client.ApiClient, namespace: str, spec: ProbeSpec, journal=None, log=None) -> Rollouts:
+    """Create the probe's Service(s), DestinationRule, VirtualService and Rollout (v1)."""
+    m = manifests(spec, namespace)
+    core, co = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    for svc in m["services"]:
+        core.create_namespaced_service(namespace, svc)
+    if m["destinationrule"]:
+        co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", namespace, "destinationrules",
+                                           m["destinationrule"])
+    co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", namespace, "virtualservices",
+                                       m["virtualservice"])
+    ro = Rollouts(api, namespace, journal=journal, log=log)
+    ro.create(m["rollout"])
+    return ro
 
 
 def template_for(spec: ProbeSpec, image: str) -> dict:
@@ -226,15 +243,7 @@ class RollbackDrill:
 
     # --- set-up ------------------------------------------------------------------------------------
     def deploy_v1(self, timeout: float = 120) -> str:
-        m = manifests(self.spec, self.ns)
-        for svc in m["services"]:
-            self.core.create_namespaced_service(self.ns, svc)
-        if m["destinationrule"]:
-            self.co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", self.ns,
-                                                    "destinationrules", m["destinationrule"])
-        self.co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", self.ns, "virtualservices",
-                                                m["virtualservice"])
-        self.ro.create(m["rollout"])
+        install(self.api, self.ns, self.spec, journal=self.journal, log=self.log)
         ro = self.ro.wait(self.name, healthy(), timeout, progress=self._progress)
         self.hash_v1 = ro["status"]["stableRS"]
         return self.hash_v1

@@ -12,10 +12,10 @@ import pytest
 from kubernetes import client
 
 from drills import config
-from drills.cluster import Availability, EmbeddedCluster, pid_alive
+from drills.cluster import Availability, pid_alive
 from drills.cluster.embedded import listening_ports_of
-from drills.probe import ProbeSpec, manifests
-from drills.rollout import HASH_LABEL, Predicate, Rollouts, healthy, paused
+from drills.probe import ProbeSpec, install
+from drills.rollout import HASH_LABEL, Predicate, healthy, paused
 
 
 def _vs_weights(kube, ns, name):
@@ -25,15 +25,7 @@ def _vs_weights(kube, ns, name):
 
 
 def _deploy(kube, ns, spec):
-    m = manifests(spec, ns)
-    co = client.CustomObjectsApi(kube)
-    for svc in m["services"]:
-        client.CoreV1Api(kube).create_namespaced_service(ns, svc)
-    co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", ns, "destinationrules", m["destinationrule"])
-    co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", ns, "virtualservices", m["virtualservice"])
-    ro = Rollouts(kube, ns)
-    ro.create(m["rollout"])
-    return ro
+    return install(kube, ns, spec)
 
 
 def test_controller_writes_istio_weights_and_promotes(kube, namespace, controller_version, cluster):

@@ -4,23 +4,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from kubernetes import client
 
 from drills import timeline
-from drills.probe import ProbeSpec, manifests
-from drills.rollout import Predicate, Rollouts, healthy, paused
+from drills.probe import ProbeSpec, install
+from drills.rollout import Predicate, healthy, paused
 
 
 def _deploy(kube, ns, spec):
-    m = manifests(spec, ns)
-    co = client.CustomObjectsApi(kube)
-    for svc in m["services"]:
-        client.CoreV1Api(kube).create_namespaced_service(ns, svc)
-    co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", ns, "destinationrules", m["destinationrule"])
-    co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", ns, "virtualservices", m["virtualservice"])
-    ro = Rollouts(kube, ns)
-    ro.create(m["rollout"])
-    return ro
+    return install(kube, ns, spec)
 
 
 @pytest.mark.single_version

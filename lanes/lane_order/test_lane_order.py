@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from order_drills import LaneOrder, expectations
-from drills.ledger import FAIL, NOT_APPLICABLE, PASS
+from drills.ledger import NOT_APPLICABLE
 
 pytestmark = pytest.mark.lane("order")
 
