@@ -4,8 +4,8 @@
 
 Uses the embedded cluster that is up (or brings one up).  The writes are full Updates of
 spec.http[0].route[*].weight, as the controller does them.  Latency = time the timeline row was written
-minus the time the write's response came back (an upper bound of the commit time, so the figure is
-conservative by the response's own transit).  Target: p99 <= 50 ms, 0 missed.
+minus the time the write was sent (an upper bound: it includes the write's own round trip); the figure
+from the write's response is printed too.  Target: p99 <= 50 ms, 0 missed.
 """
 from __future__ import annotations
 
@@ -52,20 +52,25 @@ def main():
             w = (i * 7) % 101
             obj["spec"]["http"][0]["route"][0]["weight"] = 100 - w
             obj["spec"]["http"][0]["route"][1]["weight"] = w
+            t_send = time.time()
             res = co.replace_namespaced_custom_object(*g, "web", obj)
-            sent[res["metadata"]["resourceVersion"]] = time.time()
+            sent[res["metadata"]["resourceVersion"]] = (t_send, time.time())
             time.sleep(args.interval)
         time.sleep(1.0)
     finally:
         result = rec.stop()
         _drop_namespace(api, ns)
     rows = {r["rv"]: r["wall"] for r in rec.records if r["kind"] == "VirtualService"}
-    lat = [(rows[rv] - t) * 1000 for rv, t in sent.items() if rv in rows]
+    upper = [(rows[rv] - ts) * 1000 for rv, (ts, _) in sent.items() if rv in rows]
+    after = [(rows[rv] - tr) * 1000 for rv, (_, tr) in sent.items() if rv in rows]
     missed = [rv for rv in sent if rv not in rows]
-    print(f"{len(sent)} VirtualService writes, {len(lat)} rows matched, {len(missed)} missed; "
+    print(f"{len(sent)} VirtualService writes, {len(upper)} rows matched, {len(missed)} missed; "
           f"audit-log check: {result['audit_writes_checked']} writes, complete={result['complete']}")
-    print(f"write -> timeline row latency: p50 {pct(lat, 50):.1f} ms  p99 {pct(lat, 99):.1f} ms  "
-          f"max {max(lat):.1f} ms  (target p99 <= 50 ms, 0 missed)")
+    print(f"write sent -> timeline row (upper bound: includes the write's own round trip): p50 "
+          f"{pct(upper, 50):.1f} ms  p99 {pct(upper, 99):.1f} ms  max {max(upper):.1f} ms  "
+          f"(target p99 <= 50 ms, 0 missed)")
+    print(f"write response -> timeline row (negative: the row was written before the writer saw its response): "
+          f"p50 {pct(after, 50):.1f} ms  p99 {pct(after, 99):.1f} ms")
 
 
 if __name__ == "__main__":
