@@ -6,9 +6,8 @@ import subprocess
 import time
 
 import pytest
-from kubernetes import client
 
-from drills.probe import ProbeSpec, manifests
+from drills.probe import ProbeSpec, install
 from drills.rollout import Predicate, Rollouts, aborted, healthy, paused
 from drills.toolchain import Toolchain
 
@@ -34,17 +33,8 @@ class Pair:
         self.plugin = Toolchain().rollouts_dir(version) / "kubectl-argo-rollouts"
         self.kubeconfig = str(cluster.kubeconfig)
         for name in ("by-drills", "by-plugin"):
-            spec = ProbeSpec(steps=[{"setWeight": 25}, {"pause": {}}, {"setWeight": 50}, {"pause": {}}],
-                             replicas=2, name=name)
-            m = manifests(spec, ns)
-            for svc in m["services"]:
-                client.CoreV1Api(kube).create_namespaced_service(ns, svc)
-            co = client.CustomObjectsApi(kube)
-            co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", ns, "destinationrules",
-                                               m["destinationrule"])
-            co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", ns, "virtualservices",
-                                               m["virtualservice"])
-            self.ro.create(m["rollout"])
+            install(kube, ns, ProbeSpec(steps=[{"setWeight": 25}, {"pause": {}}, {"setWeight": 50}, {"pause": {}}],
+                                        replicas=2, name=name))
         for name in ("by-drills", "by-plugin"):
             self.ro.wait(name, healthy(), 90)
 
@@ -141,16 +131,7 @@ def test_actions_match_the_plugin(kube, cluster, namespace, controller_version):
 def test_status_write_with_stale_resource_version_is_refused(kube, namespace):
     """A retried status write never advances a Rollout twice: it carries the resourceVersion it was computed from."""
     from kubernetes.client.rest import ApiException
-    ro = Rollouts(kube, namespace)
-    m = manifests(ProbeSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=1, name="rv"), namespace)
-    for svc in m["services"]:
-        client.CoreV1Api(kube).create_namespaced_service(namespace, svc)
-    co = client.CustomObjectsApi(kube)
-    co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", namespace, "destinationrules",
-                                       m["destinationrule"])
-    co.create_namespaced_custom_object("networking.istio.io", "v1alpha3", namespace, "virtualservices",
-                                       m["virtualservice"])
-    ro.create(m["rollout"])
+    ro = install(kube, namespace, ProbeSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=1, name="rv"))
     ro.wait("rv", healthy(), 60)
     stale = ro.get("rv")["metadata"]["resourceVersion"]
     ro.abort("rv")
