@@ -362,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--allow-context", action="append", default=[])
     live.add_argument("--sync-paused", action="store_true", help="the Argo CD sync of this app is paused")
     live.add_argument("--dry-run", action="store_true", help="print every mutation, make none")
+    live.add_argument("--service-url", default=None,
+                      help="load target during the live drill: the stage service's URL (Locust, bounded)")
     rn.set_defaults(func=cmd_run)
 
     pr = sub.add_parser("probe", help="one rollback inside rollbackWindow for any step list, on a fresh namespace")

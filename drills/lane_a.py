@@ -38,20 +38,49 @@ class LaneLoad:
 
     USERS, RATE_PER_USER, CAPACITY_RPS = 10, 4.0, 30.0     # 40 req/s offered; 30 req/s per Ready pod
 
-    def __init__(self, cluster, namespace: str, name: str, folder: Path, log=None):
-        from .mesh import MeshProcess
+    def __init__(self, cluster, namespace: str, name: str, folder: Path, log=None, url: str | None = None):
+        """Embedded: a mesh emulator in front of the lane's Rollout.  Live (``url``): the stage service's URL
+        the user named, with the live target rules of drills.load."""
         self.folder = Path(folder)
         self.log = log or (lambda m: None)
-        self.mesh = MeshProcess(cluster.kubeconfig, namespace, name, name, capacity_rps=self.CAPACITY_RPS,
-                                folder=self.folder, register=cluster.register_process,
-                                unregister=cluster.unregister_process, seed=7)
+        self.mesh = None
+        self.target = "embedded"
+        if url:
+            self.url, self.target = url, "live"
+        else:
+            from .mesh import MeshProcess
+            self.mesh = MeshProcess(cluster.kubeconfig, namespace, name, name, capacity_rps=self.CAPACITY_RPS,
+                                    folder=self.folder, register=cluster.register_process,
+                                    unregister=cluster.unregister_process, seed=7)
+            self.url = self.mesh.url
         self.run = None
 
     def start(self, label: str):
         from .load import start_load
-        self.run = start_load(self.mesh.url, self.folder / label, users=self.USERS,
-                              rate_per_user=self.RATE_PER_USER, run_time_s=240, name=label)
+        self.run = start_load(self.url, self.folder / label, users=self.USERS, rate_per_user=self.RATE_PER_USER,
+                              run_time_s=240, name=label, target=self.target)
         time.sleep(5.0)      # the steady phase before the rollback
+
+    def phases(self, ledger: Ledger, step: str, records: list[dict], revived_hash: str, settled: bool = True,
+               exit_mark: str | None = None) -> tuple[list[dict], dict]:
+        """Cut the load into phases from the timeline (steady: before the rollback; exposure: a non-zero
+        weight on the partial ReplicaSet; exit: from ``exit_mark`` to full availability; settled: afterwards);
+        ledger rows per phase."""
+        d = timeline.derive(records, revived_hash, since_mark="rollback")
+        rel = lambda t: None if t is None else t - d.t0  # noqa: E731
+        first_weight = next((t for t, w, *_ in d.weights_while_partial if w > 0), None)
+        partial_end = d.partial[-1][1] if d.partial else None
+        mark = next((t for t, label in d.markers if label == exit_mark), None) if exit_mark else None
+        now = rel(time.monotonic())
+        phases = {"steady": (-5.0, 0.0)}
+        if first_weight is not None:
+            end = mark if mark is not None else (partial_end if partial_end else None)
+            phases["exposure"] = (rel(first_weight), rel(end) if end is not None else now)
+        if mark is not None:
+            phases["exit"] = (rel(mark), rel(partial_end) if partial_end else now)
+        if settled:
+            phases["settled"] = (rel(partial_end) if partial_end else now, None)
+        return self.finish(ledger, step, d, phases)
 
     def finish(self, ledger: Ledger, step: str, derived, phases_rel: dict) -> tuple[list[dict], dict]:
         from .load import load_thresholds, phase_stats, record_phase_rows
@@ -63,7 +92,11 @@ class LaneLoad:
         if "settled" in phases_rel and phases_rel["settled"][0] is not None:
             phases["settled"] = (to_wall(phases_rel["settled"][0]), self.run.ended_at)
         stats = phase_stats(self.run.records(), phases)
-        rows = record_phase_rows(ledger, LANE, step, stats, load_thresholds(), self.run.records_path)
+        # thresholds are calibrated for the emulated mesh; against a live service the figures are recorded
+        # as observations (`unverified`): what users saw, not a pass or fail of the drill
+        thresholds = load_thresholds() if self.target == "embedded" else {}
+        rows = record_phase_rows(ledger, LANE, step, stats, thresholds, self.run.records_path,
+                                 emulated=self.target == "embedded")
         extra = {"phases": {k: [round(a - derived.t0_wall, 3), round(b - derived.t0_wall, 3)]
                             for k, (a, b) in phases.items()},
                  "load": {k: {"failure_ratio": v.get("failure_ratio"), "p95_ms": v.get("p95_ms"),
@@ -73,7 +106,8 @@ class LaneLoad:
     def close(self):
         if self.run:
             self.run.stop()
-        self.mesh.stop()
+        if self.mesh:
+            self.mesh.stop()
 
 
 class LaneA:
@@ -183,21 +217,8 @@ class LaneA:
         afterwards); ledger rows per phase."""
         if not self.load or not self.load.run:
             return None
-        d = timeline.derive(list(self.drill.recorder.records), self.drill.hash_v1, since_mark="rollback")
-        rel = lambda t: None if t is None else t - d.t0  # noqa: E731
-        first_weight = next((t for t, w, *_ in d.weights_while_partial if w > 0), None)
-        partial_end = d.partial[-1][1] if d.partial else None
-        mark = next((t for t, label in d.markers if label == exit_mark), None) if exit_mark else None
-        now = rel(time.monotonic())
-        phases = {"steady": (-5.0, 0.0)}
-        if first_weight is not None:
-            end = mark if mark is not None else (partial_end if partial_end else None)
-            phases["exposure"] = (rel(first_weight), rel(end) if end is not None else now)
-        if mark is not None:
-            phases["exit"] = (rel(mark), rel(partial_end) if partial_end else now)
-        if settled:
-            phases["settled"] = (rel(partial_end) if partial_end else now, None)
-        rows, extra = self.load.finish(self.ledger, step, d, phases)
+        rows, extra = self.load.phases(self.ledger, step, list(self.drill.recorder.records), self.drill.hash_v1,
+                                       settled=settled, exit_mark=exit_mark)
         self.load_rows.extend(rows)
         return extra
 

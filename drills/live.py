@@ -158,11 +158,15 @@ def run_live(args, log=None) -> int:
     co = client.CustomObjectsApi(api)
     journal.before_spec_change(ro)
     rc = 0
+    load = None
     with SignalGuard():
         try:
             co.patch_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL, args.rollout,
                                               {"metadata": {"annotations": {LEASE_ANNOTATION: run_id}}})
-            _live_lane(drill, ledger, steps, cut, template_v1)
+            if args.service_url:
+                from .lane_a import LaneLoad
+                load = LaneLoad(None, args.namespace, args.rollout, run_dir / "load", url=args.service_url)
+            _live_lane(drill, ledger, steps, cut, template_v1, load)
         except Interrupted as e:
             log(f"live drill {e}; restoring")
             ledger.record("a", "interrupted", "drill completed", "completed", str(e), INCONCLUSIVE,
@@ -174,6 +178,8 @@ def run_live(args, log=None) -> int:
                           reason="the drill stopped before its evidence was complete")
             rc = 3
         finally:
+            if load:
+                load.close()
             drill.cleanup()
             ok = restore_with_guard(journal, api, log=log)
             try:
@@ -187,7 +193,7 @@ def run_live(args, log=None) -> int:
     return max(rc, code) if rc != 1 and code != 1 else 1
 
 
-def _live_lane(drill: RollbackDrill, ledger: Ledger, steps, cut, template_v1):
+def _live_lane(drill: RollbackDrill, ledger: Ledger, steps, cut, template_v1, load=None):
     from .lane_a import ASSERT_PEAK
     from .probe import last_set_weight
 
@@ -197,13 +203,21 @@ def _live_lane(drill: RollbackDrill, ledger: Ledger, steps, cut, template_v1):
         from . import timeline
         path = drill.evidence_dir / f"{label}.timeline.jsonl"
         drill.recorder = timeline.Recorder(drill.api, drill.ns, drill.name, path).start()
+        if load:
+            load.start(label)
         if drill.spec.rollback_via == "undo":
             res = drill.ro.undo(drill.name)
         else:
             res = drill.ro.gitops_rollback(drill.name, template_v1)
         drill.recorder.mark("rollback", rv=(res or {}).get("metadata", {}).get("resourceVersion"))
-        drill.wait_settled()
-        return drill.finish()
+        try:
+            drill.wait_settled()
+        finally:
+            extra = None
+            if load and load.run:
+                _, extra = load.phases(ledger, label, list(drill.recorder.records), drill.hash_v1)
+                load.run = None
+        return drill.finish(extra_series=extra)
 
     obs = rollback("before")
     v, r = obs.verdict(last_set_weight(steps))

@@ -123,3 +123,34 @@ def test_sigint_mid_rollback_restores_and_is_inconclusive(kube, cluster, namespa
     rows = json.loads(next(reports.glob("*/ledger.json")).read_text())
     assert rows and any(r["verdict"] == "inconclusive" and "SIGINT" in (r["reason"] or "") for r in rows), rows
     assert not any(r["verdict"] == "pass" for r in rows if r["step"] in ("before", "after"))
+
+
+def test_live_drill_loads_the_named_service_url_and_restores(kube, cluster, namespace, tmp_path, controller_version):
+    """Live mode on the embedded cluster used as an allowlisted context, with load sent only to the URL the
+    user names (here a small server on loopback); load rows are observations, the Rollout is restored."""
+    import http.server
+    import threading
+    d = _prepared(kube, namespace, tmp_path / "ev", controller_version)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    srv.RequestHandlerClass.do_GET = lambda h: (h.send_response(200), h.end_headers())
+    srv.RequestHandlerClass.log_message = lambda *a: None
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        reports = tmp_path / "reports"
+        r = _run(["run", "--kubeconfig", str(cluster.kubeconfig), "--context", _context(cluster), "--namespace",
+                  namespace, "--rollout", "svc", "--allow-context", _context(cluster),
+                  "--service-url", f"http://127.0.0.1:{srv.server_address[1]}/"], reports=reports, timeout=600)
+    finally:
+        srv.shutdown()
+    rows = json.loads(next(reports.glob("*/ledger.json")).read_text())
+    assert r.returncode == 0, (r.stderr[-2000:], rows)
+    peaks = {row["step"]: row["observed"] for row in rows if row["assertion"].startswith("peak canary weight")}
+    assert peaks == {"before": 100, "after": 5}, rows
+    load = [row for row in rows if row["assertion"].startswith("load.")]
+    assert {row["step"] for row in load} == {"before", "after"}
+    assert all(row["verdict"] == "unverified" for row in load)
+    assert all(row["details"]["requests"] > 0 for row in load if row["assertion"].endswith("failure_ratio")
+               and row["details"]["phase"] in ("steady", "settled"))
+    obj = Rollouts(kube, namespace).get("svc")
+    assert obj["spec"]["template"]["spec"]["containers"][0]["image"] == d.spec.image_v2
+    assert healthy()(obj) and obj["status"]["stableRS"] == d.hash_v2
