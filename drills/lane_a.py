@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from . import config, timeline
-from .ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED, Ledger
+from .ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED, Ledger, describe_row
 from .probe import Observation, ProbeSpec, RollbackDrill, steps_text
 from .rollout import healthy_at
 
@@ -151,10 +151,7 @@ class LaneA:
         return out
 
     def assert_row(self, row: dict):
-        msg = (f"{row['lane']}/{row['step']}: {row['assertion']}: expected {row['expected']!r}, observed "
-               f"{row['observed']!r}, verdict {row['verdict']}"
-               + (f" ({row['reason']})" if row.get("reason") else "")
-               + (f"; {row['details'].get('series_text')}" if (row.get("details") or {}).get("series_text") else ""))
+        msg = describe_row(row)
         # a tested version must pass; only a version without expectations may be `unverified`
         allowed = (PASS,) if self.expect is not None else (PASS, UNVERIFIED)
         assert row["verdict"] in allowed, msg

@@ -87,6 +87,15 @@ class Ledger:
             return str(p)
 
 
+def describe_row(row: dict) -> str:
+    """One line for a failure message: the assertion, what was expected and observed, the verdict."""
+    details = row.get("details") or {}
+    return (f"{row['lane']}/{row['step']}: {row['assertion']}: expected {row['expected']!r}, observed "
+            f"{row['observed']!r}, verdict {row['verdict']}"
+            + (f" ({row['reason']})" if row.get("reason") else "")
+            + (f"; {details['series_text']}" if details.get("series_text") else ""))
+
+
 def combine_exit_codes(*codes: int) -> int:
     """Precedence of drill exits: 2 bad input or refused target > 1 any fail > 3 any inconclusive > 0."""
     for c in (2, 1, 3):

@@ -14,9 +14,9 @@ from pathlib import Path
 import yaml
 
 from drills import branches, config, timeline
-from drills.ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, Ledger
-from drills.probe import REASON_INCOMPLETE, Observation, ProbeSpec, RollbackDrill, steps_text
-from drills.rollout import Predicate, healthy, healthy_at, paused
+from drills.ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, Ledger, describe_row
+from drills.probe import REASON_INCOMPLETE, ProbeSpec, RollbackDrill, steps_text
+from drills.rollout import Predicate, healthy, paused
 
 LANE = "order"
 STEP_END, STEP_MID, STEP_HAZARD = "end-of-steps", "mid-steps", "hazard-replica-progress-threshold"
@@ -130,11 +130,7 @@ class LaneOrder:
 
     @staticmethod
     def assert_row(row: dict, allowed=(PASS, UNVERIFIED)):
-        msg = (f"{row['lane']}/{row['step']}: {row['assertion']}: expected {row['expected']!r}, observed "
-               f"{row['observed']!r}, verdict {row['verdict']}"
-               + (f" ({row['reason']})" if row.get("reason") else "")
-               + (f"; {row['details'].get('series_text')}" if (row.get("details") or {}).get("series_text") else ""))
-        assert row["verdict"] in allowed, msg
+        assert row["verdict"] in allowed, describe_row(row)
 
     # --- (a) end-of-steps ------------------------------------------------------------------------------
     def end_of_steps_deploy(self):
