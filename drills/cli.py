@@ -3,16 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from . import config
-
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
-
-
-class BadInput(Exception):
-    """Bad input or a refused target: exit 2, nothing mutated."""
+from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput  # noqa: F401
 
 
 def _err(msg: str) -> None:
@@ -26,7 +22,7 @@ def cmd_toolchain_build(args) -> int:
         versions = resolve_controller_versions(args.controller)
     except UnknownVersion as e:
         raise BadInput(str(e))
-    extras = [e for e in (args.extra or "").split(",") if e]
+    extras = _extras_arg(args.extra)
     tc = Toolchain()
     try:
         tc.ensure(components_for(versions, extras))
@@ -35,6 +31,16 @@ def cmd_toolchain_build(args) -> int:
         return EXIT_FAIL
     print(f"toolchain ready in {tc.root}: controllers {', '.join(versions)}")
     return EXIT_OK
+
+
+def _extras_arg(spec: str | None) -> list[str]:
+    from .toolchain.build import optional_components
+    known = list(optional_components())
+    extras = [e.strip() for e in (spec or "").split(",") if e.strip()]
+    unknown = [e for e in extras if e not in known]
+    if unknown:
+        raise BadInput(f"--extra: unknown component(s) {', '.join(unknown)} (known: {', '.join(known)})")
+    return extras
 
 
 def cmd_toolchain_list(args) -> int:
@@ -65,6 +71,8 @@ def _controller_version_arg(spec: str | None) -> str:
 def cmd_cluster_up(args) -> int:
     from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
     from .toolchain import BuildError
+    if args.api_port is not None and not 1024 <= args.api_port <= 65535:
+        raise BadInput(f"--api-port {args.api_port}: give a port in 1024..65535")
     version = _controller_version_arg(args.controller)
     try:
         st = EmbeddedCluster().up(version, build=not args.no_build, api_port=args.api_port)
@@ -108,6 +116,8 @@ def cmd_run(args) -> int:
     except ValueError as e:
         raise BadInput(str(e))
     env = {"DRILLS_AVAILABILITY_CONTROL": args.availability_control, "DRILLS_ROLLBACK_VIA": args.rollback_via}
+    if args.keep_cluster:
+        env["DRILLS_KEEP_CLUSTER"] = "1"
     if args.controller_binary:
         from .controller_binary import ControllerBinaryError, inspect_binary
         try:
@@ -129,12 +139,16 @@ def cmd_run(args) -> int:
             versions = resolve_controller_versions(args.controller)
         except UnknownVersion as e:
             raise BadInput(str(e))
-    if args.kubeconfig or args.context or args.namespace or args.rollout:
-        from .live import LiveRefused, run_live
-        try:
-            return run_live(args)
-        except LiveRefused as e:
-            raise BadInput(str(e))
+    live_target = args.kubeconfig or args.context or args.namespace or args.rollout
+    live_only = [flag for flag, on in (("--dry-run", args.dry_run), ("--service-url", args.service_url),
+                                       ("--sync-paused", args.sync_paused), ("--allow-context", args.allow_context),
+                                       ("--container", args.container)) if on]
+    if live_only and not live_target:
+        raise BadInput(f"{', '.join(live_only)}: live mode only; name the live target with --kubeconfig/--context "
+                       f"--namespace --rollout (the embedded job has nothing to dry-run)")
+    if live_target:
+        from .live import run_live
+        return run_live(args)
     from .toolchain import BuildError, Toolchain, components_for
     try:
         Toolchain().ensure(components_for([] if args.controller_binary else versions,
@@ -180,41 +194,71 @@ def cmd_run(args) -> int:
 
 
 # --- probe -------------------------------------------------------------------------------------
-def cmd_probe(args) -> int:
-    from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
-    from .ledger import new_run_id
-    from .probe import ProbeSpec, observation_dict, parse_steps, run_probe
-    from .pytest_plugin import _drop_namespace, _make_namespace, _ns_name
+MAX_PROBE_REPLICAS = 100
+MAX_HOLD_SECONDS = 600.0
+
+
+def _probe_spec(args):
+    import math
+
+    from .probe import ProbeSpec, parse_steps
     try:
         steps = parse_steps(args.steps)
     except ValueError as e:
         raise BadInput(f"--steps: {e}")
     if not steps:
         raise BadInput("--steps: give at least one step")
-    if args.replicas < 1 or args.min_pods < 1 or args.hold <= 0:
-        raise BadInput("--replicas, --min-pods and --hold must be positive")
-    version = _controller_version_arg(args.controller)
-    spec = ProbeSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
+    if not 1 <= args.replicas <= MAX_PROBE_REPLICAS:
+        raise BadInput(f"--replicas {args.replicas}: give 1..{MAX_PROBE_REPLICAS} (--replicas, --min-pods and --hold "
+                       f"must be positive)")
+    if not 1 <= args.min_pods <= args.replicas:
+        raise BadInput(f"--min-pods {args.min_pods}: give 1..--replicas ({args.replicas}); more pods than replicas "
+                       f"would never become available (--min-pods must be positive)")
+    if not (math.isfinite(args.hold) and 0 < args.hold <= MAX_HOLD_SECONDS):
+        raise BadInput(f"--hold {args.hold}: give seconds in (0, {MAX_HOLD_SECONDS:.0f}] (--hold must be positive)")
+    if not 0 <= args.scale_down_delay <= 3600:
+        raise BadInput(f"--scale-down-delay {args.scale_down_delay}: give 0..3600 seconds")
+    return ProbeSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
                      hold_seconds=args.hold, availability_control=args.availability_control == "on",
                      rollback_via=args.rollback_via, scale_down_delay=args.scale_down_delay)
+
+
+def cmd_probe(args) -> int:
+    from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
+    from .ledger import new_run_id
+    from .probe import observation_dict, run_probe
+    from .pytest_plugin import _drop_namespace, _make_namespace, _ns_name
+    from .safety import Interrupted, SignalGuard
+    spec = _probe_spec(args)
+    version = _controller_version_arg(args.controller)
     cl = EmbeddedCluster(log=_progress)
-    try:
-        cl.up(version)
-    except ClusterInputError as e:
-        raise BadInput(str(e).splitlines()[0])
-    except ClusterError as e:
-        _err(str(e))
-        return EXIT_FAIL
-    api = cl.api_client()
-    out_dir = config.reports_dir() / "probes" / new_run_id()
-    ns = _ns_name("probe")
-    _make_namespace(api, ns)
-    try:
-        obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress,
-                           audit_log=cl.status().get("audit_log"))
-    finally:
-        if not args.keep_namespace:
-            _drop_namespace(api, ns)
+    with SignalGuard() as guard:
+        try:
+            cl.up(version)
+        except ClusterInputError as e:
+            raise BadInput(str(e).splitlines()[0])
+        except ClusterError as e:
+            _err(str(e))
+            return EXIT_FAIL
+        except Interrupted as e:
+            guard.quiet()
+            _err(f"probe {e} while the cluster started")
+            return EXIT_INCONCLUSIVE
+        api = cl.api_client()
+        out_dir = config.reports_dir() / "probes" / new_run_id()
+        ns = _ns_name("probe")
+        obs = None
+        try:
+            _make_namespace(api, ns)
+            obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress,
+                               audit_log=cl.status().get("audit_log"))
+        except Interrupted as e:
+            _err(f"probe {e}; its namespace {ns} is removed; evidence so far: {out_dir}")
+            return EXIT_INCONCLUSIVE
+        finally:
+            guard.quiet()
+            if not args.keep_namespace:
+                _drop_namespace(api, ns)
     reason = obs.inconclusive_reason()
     if args.json:
         d = observation_dict(obs, version, args.routing)
@@ -245,78 +289,141 @@ def _progress(msg: str) -> None:
 
 # --- watch --------------------------------------------------------------------------------------
 def _parse_duration(text: str) -> float:
+    import math
     import re
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)?", text.strip())
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?", text.strip(), re.ASCII)
     if not m:
         raise BadInput(f"--duration {text!r}: use e.g. 90s, 5m")
-    return float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    if not math.isfinite(seconds) or not 0 < seconds <= 7 * 24 * 3600:
+        raise BadInput(f"--duration {text!r}: give more than 0 and at most 7 days")
+    return seconds
+
+
+def _writable_out(path: str) -> Path:
+    out = Path(path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "a"):
+            pass
+    except OSError as e:
+        raise BadInput(f"--out {path}: cannot write there ({e.strerror or e})")
+    return out
+
+
+def _embedded_audit_log(kubeconfig: str) -> str | None:
+    """The audit log of the embedded cluster whose kubeconfig this is (None for any other cluster)."""
+    from .cluster import EmbeddedCluster
+    folder = Path(kubeconfig).resolve().parent
+    if folder.parent != config.clusters_dir().resolve():
+        return None
+    st = EmbeddedCluster(folder.name).state()
+    return st.get("audit_log") if st else None
 
 
 def cmd_watch(args) -> int:
     import time as _time
 
-    from kubernetes import config as kconfig
     from kubernetes.client.rest import ApiException
 
-    from . import timeline
+    from . import kube, timeline
     from .rollout import Rollouts, healthy
+    from .safety import Interrupted, SignalGuard
     if not args.until_healthy and not args.duration:
         raise BadInput("give --until-healthy or --duration")
     duration = _parse_duration(args.duration) if args.duration else None
+    out = _writable_out(args.out)
+    kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
+    api = kube.new_client(kc, ctx)
     try:
-        api = kconfig.new_client_from_config(config_file=args.kubeconfig, context=args.context)
-    except Exception as e:
-        raise BadInput(f"kubeconfig: {e}")
-    try:
-        ro = Rollouts(api, args.namespace).get(args.rollout)
+        Rollouts(api, args.namespace).get(args.rollout)
+        exists = True
     except ApiException as e:
-        raise BadInput(f"rollout {args.namespace}/{args.rollout}: {e.reason}")
-    rec = timeline.Recorder(api, args.namespace, args.rollout, Path(args.out)).start()
-    _progress(f"recording {args.namespace}/{args.rollout} to {args.out} (read-only); Ctrl-C ends the recording")
+        if e.status != 404:
+            raise kube.unreachable(e, api, f"reading rollout {args.namespace}/{args.rollout}") from None
+        exists = False
+    except Exception as e:
+        raise kube.unreachable(e, api, f"reading rollout {args.namespace}/{args.rollout}") from None
+    audit = args.audit_log or _embedded_audit_log(kc)
+    if args.audit_log and not Path(args.audit_log).is_file():
+        raise BadInput(f"--audit-log {args.audit_log}: no such file")
+    rec = timeline.Recorder(api, args.namespace, args.rollout, out, audit_log=Path(audit) if audit else None).start()
+    _progress(f"recording {args.namespace}/{args.rollout} to {out} (read-only)"
+              + ("" if exists else "; it does not exist yet: recording from its creation")
+              + "; Ctrl-C ends the recording")
     t0 = _time.monotonic()
-    try:
-        while True:
-            if duration and _time.monotonic() - t0 >= duration:
-                break
-            if args.until_healthy and _time.monotonic() - t0 > 2:
-                ro = Rollouts(api, args.namespace).get(args.rollout)
-                if healthy()(ro) and ro["status"].get("stableRS") == ro["status"].get("currentPodHash"):
+    with SignalGuard() as guard:
+        try:
+            while True:
+                if duration and _time.monotonic() - t0 >= duration:
                     break
-            _time.sleep(0.5)
-    except KeyboardInterrupt:
-        _progress("recording ended by Ctrl-C")
+                if args.until_healthy and _time.monotonic() - t0 > 2:
+                    try:
+                        ro = Rollouts(api, args.namespace).get(args.rollout)
+                        if healthy()(ro) and ro["status"].get("stableRS") == ro["status"].get("currentPodHash"):
+                            break
+                    except ApiException as e:
+                        if e.status != 404:
+                            raise
+                rec.stop_flag.wait(0.5)
+        except Interrupted:
+            _progress("recording ended by a signal")
+        finally:
+            guard.quiet()
     result = rec.stop()
     d = timeline.derive(rec.records, None)
-    series = Path(str(args.out).replace(".jsonl", "") + ".series.json")
-    series.write_text(json.dumps(d.series(f"{args.namespace}/{args.rollout}"), indent=1))
-    summary = {"timeline": str(args.out), "series": str(series), "complete": result["complete"],
-               "incomplete_reasons": result["reasons"],
+    series_path = timeline.series_path(out)
+    series = d.series(f"{args.namespace}/{args.rollout}")
+    series_path.write_text(json.dumps(series, indent=1))
+    summary = {"timeline": str(out), "series": str(series_path), "complete": result["complete"],
+               "incomplete_reasons": result["reasons"], "notes": result["notes"],
+               "audit_log_checked": result["audit_log_checked"],
+               "audit_writes_checked": result["audit_writes_checked"],
                "peak_canary_weight_while_partial": d.peak_canary_weight_while_partial,
                "partial_window_observed": d.partial_window_observed,
                "exposure_seconds": round(d.exposure_seconds, 3),
-               "exposure_windows": d.series("")["exposure"], "partial_windows": d.series("")["partial"],
-               "canary_weights": d.series("")["canary_weight"]}
+               "exposure_windows": series["exposure"], "partial_windows": series["partial"],
+               "canary_weights": series["canary_weight"]}
     print(json.dumps(summary, indent=2))
     return EXIT_OK if result["complete"] else EXIT_INCONCLUSIVE
 
 
 # --- restore ------------------------------------------------------------------------------------
 def cmd_restore(args) -> int:
-    from kubernetes import config as kconfig
+    from . import kube
+    from .cluster.embedded import pid_alive
+    from .safety import Interrupted, Journal, SignalGuard, check_context, check_namespace, restore_with_guard
+    j = Journal.load(Path(args.journal))
+    if j.state == "restored":
+        print(f"journal {j.path} was already restored ({j.data.get('restored_at', 'earlier')}): nothing to do")
+        return EXIT_OK
+    pid = j.data.get("pid")
+    if isinstance(pid, int) and pid != os.getpid() and pid_alive(pid) and j.state == "open" and \
+            "drills" in _cmdline(pid):
+        raise BadInput(f"the drill that wrote {j.path} is still running (pid {pid}); it restores on exit "
+                       f"(signal it once with SIGINT)")
+    kc, ctx = j.data.get("kubeconfig"), j.data.get("context")
+    if not kc or not ctx:
+        raise BadInput(f"journal {j.path}: names no kubeconfig/context to restore on")
+    check_context(ctx, embedded=False, allow=args.allow_context)
+    api = kube.new_client(kc, ctx)
+    for ns in sorted({k.split("/", 1)[0] for k in j.data["rollouts"]}):
+        check_namespace(api, ns)
+    with SignalGuard() as guard:
+        try:
+            ok = restore_with_guard(j, api, log=_progress, guard=guard)
+        except Interrupted:
+            return EXIT_INCONCLUSIVE
+        finally:
+            guard.quiet()
+    return EXIT_OK if ok else EXIT_INCONCLUSIVE
 
-    from .safety import Journal, restore_with_guard
+
+def _cmdline(pid: int) -> str:
     try:
-        j = Journal.load(Path(args.journal))
-    except (FileNotFoundError, ValueError) as e:
-        raise BadInput(str(e))
-    from .safety import RefusedTarget, check_context
-    try:
-        check_context(j.data.get("context"), embedded=False, allow=args.allow_context)
-    except RefusedTarget as e:
-        raise BadInput(str(e))
-    api = kconfig.new_client_from_config(config_file=j.data.get("kubeconfig"), context=j.data.get("context"))
-    ok = restore_with_guard(j, api, log=_progress)
-    return EXIT_OK if ok else EXIT_FAIL
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -364,6 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--dry-run", action="store_true", help="print every mutation, make none")
     live.add_argument("--service-url", default=None,
                       help="load target during the live drill: the stage service's URL (Locust, bounded)")
+    live.add_argument("--container", default=None,
+                      help="the application container (default: the only container, the one named like the Rollout "
+                           "or its app.kubernetes.io/name label, else the only one that is not a known sidecar)")
     rn.set_defaults(func=cmd_run)
 
     pr = sub.add_parser("probe", help="one rollback inside rollbackWindow for any step list, on a fresh namespace")
@@ -391,6 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--until-healthy", action="store_true")
     g.add_argument("--duration", default=None, help="e.g. 90s, 5m")
     wa.add_argument("--out", required=True, help="timeline JSONL file")
+    wa.add_argument("--audit-log", default=None,
+                    help="the apiserver's audit log, to prove the recording complete (found by itself for the "
+                         "embedded cluster)")
     wa.set_defaults(func=cmd_watch)
 
     rs = sub.add_parser("restore", help="finish a restore from a drill's journal")
@@ -419,14 +532,20 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return EXIT_BAD_INPUT if e.code not in (0, None) else EXIT_OK
+    from .safety import Interrupted
     try:
         return args.func(args)
     except BadInput as e:
         _err(str(e))
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        _err("interrupted")
+    except (KeyboardInterrupt, Interrupted) as e:
+        _err(f"interrupted ({e})" if str(e) else "interrupted")
         return EXIT_INCONCLUSIVE
+    except Exception as e:   # a failure nobody anticipated: one line, the traceback on request
+        if os.environ.get("DRILLS_DEBUG"):
+            raise
+        _err(f"{type(e).__name__}: {' '.join(str(e).split())[:400]} (set DRILLS_DEBUG=1 for the traceback)")
+        return EXIT_FAIL
 
 
 if __name__ == "__main__":

@@ -21,13 +21,14 @@ from pathlib import Path
 import yaml
 
 from . import config
+from .errors import BadInput
 
 
 class HelmError(RuntimeError):
     """helm exited non-zero (the message carries its command and stderr)."""
 
 
-class ChartInputError(ValueError):
+class ChartInputError(BadInput, ValueError):
     """Bad input: a values file that is not YAML, a missing valueFile, an unknown chart version, ...
     The message names the file and, where there is one, the line (``path:line: what``)."""
 

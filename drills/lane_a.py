@@ -314,7 +314,7 @@ def _pred_aborted():
 
 def _snapshot(d: RollbackDrill, derived) -> Observation:
     """An observation of the run so far (the recorder keeps running for the exit)."""
-    series_path = d.recorder.out.with_name(d.recorder.out.name.replace(".timeline.jsonl", ".series.json"))
+    series_path = timeline.series_path(d.recorder.out)
     series_path.write_text(json.dumps(derived.series(f"{d.run_label}: rollback to v1, steps "
                                                      f"[{steps_text(d.spec.steps)}] ({d.version})"), indent=1))
     return Observation(

@@ -72,7 +72,7 @@ def first_deploy(api, namespace: str, ws, app, candidate: str, ledger: Ledger, e
     finally:
         result = rec.stop()
     d = timeline.derive(rec.records, ro["status"]["stableRS"], since_mark="bump applied", target="rs_spec")
-    series = rec.out.with_name("first-deploy.series.json")
+    series = timeline.series_path(rec.out)
     import json
     series.write_text(json.dumps(d.series(f"lane b first deploy of {app.name} on base {candidate}"), indent=1))
     marks = {label: t for t, label in d.markers}

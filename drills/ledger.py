@@ -14,6 +14,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import BadInput, combine_exit_codes  # noqa: F401  (combine_exit_codes: kept importable here)
+
 PASS, FAIL, INCONCLUSIVE, UNVERIFIED, NOT_APPLICABLE = "pass", "fail", "inconclusive", "unverified", "not_applicable"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, UNVERIFIED, NOT_APPLICABLE)
 
@@ -33,12 +35,32 @@ def _locked(path: Path):
             fcntl.flock(lk, fcntl.LOCK_UN)
 
 
+class LedgerError(BadInput):
+    """A ledger file that is not a JSON array of rows: exit 2, naming the file."""
+
+
+REQUIRED = ("lane", "step", "assertion", "verdict", "controller_version")
+
+
 def read_rows(path: Path) -> list[dict]:
+    """The rows of a ledger file ([] when it does not exist); LedgerError when it is not a ledger."""
+    path = Path(path)
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         return []
-    return data if isinstance(data, list) else []
+    except (OSError, UnicodeDecodeError) as e:
+        raise LedgerError(f"ledger {path}: cannot read it ({e})") from None
+    except ValueError as e:
+        raise LedgerError(f"ledger {path}: not valid JSON ({e})") from None
+    if not isinstance(data, list):
+        raise LedgerError(f"ledger {path}: not a JSON array of rows")
+    for i, row in enumerate(data):
+        if not isinstance(row, dict) or any(not isinstance(row.get(k), str) for k in REQUIRED):
+            raise LedgerError(f"ledger {path}: row {i} lacks {', '.join(REQUIRED)} (or is not an object)")
+        if row["verdict"] not in VERDICTS:
+            raise LedgerError(f"ledger {path}: row {i} has an unknown verdict {row['verdict']!r}")
+    return data
 
 
 class Ledger:
@@ -94,14 +116,6 @@ def describe_row(row: dict) -> str:
             f"{row['observed']!r}, verdict {row['verdict']}"
             + (f" ({row['reason']})" if row.get("reason") else "")
             + (f"; {details['series_text']}" if details.get("series_text") else ""))
-
-
-def combine_exit_codes(*codes: int) -> int:
-    """Precedence of drill exits: 2 bad input or refused target > 1 any fail > 3 any inconclusive > 0."""
-    for c in (2, 1, 3):
-        if c in codes:
-            return c
-    return max(codes) if codes else 0
 
 
 def exit_code(rows: list[dict]) -> int:

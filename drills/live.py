@@ -1,60 +1,74 @@
 """Live mode: lane A on an existing stage Rollout, reached through a kubeconfig, under the safety rules.
 
-Refused (exit 2, nothing mutated) when the context is not allowlisted, the namespace lacks the opt-in
-label, the Rollout is managed by Argo CD with automated self-heal (unless the sync is said to be paused),
-another drill holds it (lease annotation), or the preconditions make the drill inconclusive anyway:
-Rollout not Healthy or aborted, the rollback target ReplicaSet pruned, not scaled to 0, or outside
-rollbackWindow.  Every mutation is journalled; restore runs on success, failure and signals.
+Every input is checked before the first request that mutates anything; then a read-only preflight refuses
+(exit 2, nothing mutated) when the context is not allowlisted, the namespace lacks the opt-in label, the
+Rollout is managed by Argo CD (its tracking annotation or label, including Argo CD's default tracking label
+``app.kubernetes.io/instance``) unless the sync is said to be paused, another drill holds it (lease
+annotation), the drill cannot handle its shape (no pod template, no canary steps, no traffic routing, no
+single application container), or the preconditions make the drill inconclusive anyway: Rollout not Healthy
+or aborted, the rollback target ReplicaSet pruned, not scaled to 0, or outside rollbackWindow.
+
+The drill changes only the application container's image (named with --container, or found: see
+drills.rollout.app_container_name).  Every mutation is journalled; restore runs on success, failure and
+signals, and the lease stays on the Rollout until a restore finished.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
-import time
-from pathlib import Path
+from dataclasses import dataclass
 
 from kubernetes import client
-from kubernetes import config as kconfig
 from kubernetes.client.rest import ApiException
 
-from . import config
-from .ledger import INCONCLUSIVE, Ledger, exit_code, new_run_id
-from .probe import ProbeSpec, RollbackDrill, steps_text
-from .rollout import GROUP, HASH_LABEL, PLURAL, VERSION, Rollouts, healthy
-from .safety import (Interrupted, Journal, RefusedTarget, SignalGuard, check_context, check_namespace,
-                     restore_with_guard)
+from . import config, kube
+from .errors import BadInput, Refused
+from .ledger import FAIL, INCONCLUSIVE, PASS, Ledger, exit_code, new_run_id
+from .probe import ProbeSpec, RollbackDrill, last_set_weight, steps_text
+from .rollout import (HASH_LABEL, RolloutShapeError, Rollouts, app_container_name, container_images, healthy,
+                      selector_string, with_image)
+from .safety import (LEASE_ANNOTATION, Interrupted, Journal, SignalGuard, check_context, check_namespace,
+                     describe_lease, lease_value, restore_with_guard, set_lease)
 
-LEASE_ANNOTATION = "drills.dev/lease"
-ARGOCD_TRACKING = ("argocd.argoproj.io/tracking-id", "argocd.argoproj.io/instance")
+ARGOCD_TRACKING_ANNOTATIONS = ("argocd.argoproj.io/tracking-id",)
+# Argo CD tracks resources by a label; app.kubernetes.io/instance is its default tracking label
+ARGOCD_TRACKING_LABELS = ("app.kubernetes.io/instance", "argocd.argoproj.io/instance")
+
+LiveRefused = Refused      # the name the command line used first
 
 
-class LiveRefused(Exception):
-    pass
+@dataclass
+class LiveTarget:
+    kubeconfig: str
+    context: str
+    namespace: str
+    rollout: str
+    container: str | None
+    service_url: str | None
 
 
-def resolve_kubeconfig(path: str | None, context: str | None) -> tuple[str, str]:
-    """As kubectl: --kubeconfig, else $KUBECONFIG, else ~/.kube/config; --context, else current-context."""
-    kc = path or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube" / "config")
-    if not Path(kc).exists():
-        raise LiveRefused(f"kubeconfig {kc} does not exist")
-    try:
-        contexts, current = kconfig.list_kube_config_contexts(config_file=kc)
-    except Exception as e:
-        raise LiveRefused(f"kubeconfig {kc}: {e}")
-    names = [c["name"] for c in contexts]
-    ctx = context or (current or {}).get("name")
-    if ctx not in names:
-        raise LiveRefused(f"context {ctx!r} is not in {kc} (contexts: {', '.join(names)})")
-    return kc, ctx
+def check_inputs(args) -> LiveTarget:
+    """Everything that can be checked without a request, before the first one."""
+    if not (args.namespace and args.rollout):
+        raise BadInput("live mode needs --namespace and --rollout (and --kubeconfig/--context as kubectl takes them)")
+    url = getattr(args, "service_url", None)
+    if url:
+        from .load import LoadRefused, check_target
+        try:
+            check_target(url, target="live")
+        except LoadRefused as e:
+            raise BadInput(f"--service-url: {e}") from None
+    kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
+    check_context(ctx, embedded=False, allow=args.allow_context)
+    return LiveTarget(kc, ctx, args.namespace, args.rollout, getattr(args, "container", None), url)
 
 
 def controller_image_version(api) -> str:
     """The live controller's version: its image tag."""
+    apps = client.AppsV1Api(api)
     try:
-        deps = client.AppsV1Api(api).list_deployment_for_all_namespaces(label_selector="app.kubernetes.io/name=argo-rollouts")
-        items = deps.items or client.AppsV1Api(api).list_deployment_for_all_namespaces().items
-    except ApiException:
+        items = apps.list_deployment_for_all_namespaces(label_selector="app.kubernetes.io/name=argo-rollouts").items \
+            or apps.list_deployment_for_all_namespaces().items
+    except Exception:     # namespace-scoped RBAC cannot list cluster-wide: the version stays unknown
         return "unknown"
     for d in items:
         for c in d.spec.template.spec.containers:
@@ -64,108 +78,151 @@ def controller_image_version(api) -> str:
     return "unknown"
 
 
-def preflight(api, namespace: str, name: str, sync_paused: bool) -> dict:
-    """Refuse (LiveRefused) when the drill would be unsafe or inconclusive anyway."""
+def argocd_tracking(ro: dict) -> str | None:
+    md = ro.get("metadata") or {}
+    ann, labels = md.get("annotations") or {}, md.get("labels") or {}
+    for k in ARGOCD_TRACKING_ANNOTATIONS:
+        if k in ann:
+            return f"annotation {k}={ann[k]}"
+    for k in ARGOCD_TRACKING_LABELS:
+        if k in labels:
+            return f"label {k}={labels[k]}"
+    return None
+
+
+def check_shape(ro: dict, container: str | None) -> str:
+    """Refuse a Rollout the drill cannot handle; returns the application container's name."""
+    where = f"rollout {ro['metadata']['namespace']}/{ro['metadata']['name']}"
+    spec = ro.get("spec") or {}
+    if spec.get("workloadRef"):
+        raise Refused(f"{where} uses workloadRef: the drill rolls back spec.template, which this Rollout does not "
+                      f"have")
+    canary = (spec.get("strategy") or {}).get("canary")
+    if canary is None or not canary.get("trafficRouting"):
+        raise Refused(f"{where} is not a canary with traffic routing")
+    steps = canary.get("steps")
+    if not isinstance(steps, list) or not any("setWeight" in s for s in steps if isinstance(s, dict)):
+        raise Refused(f"{where} has no canary setWeight steps ({'steps: null' if 'steps' in canary else 'no steps'}"
+                      f"{'' if not isinstance(steps, list) else ': ' + steps_text(steps)}): the backward search has "
+                      f"nothing to pick, there is nothing for this drill to prove or cut")
     try:
-        check_namespace(api, namespace)
-    except RefusedTarget as e:
-        raise LiveRefused(str(e))
+        selector_string(spec.get("selector"))
+        return app_container_name(spec.get("template"), container, ro["metadata"]["name"])
+    except RolloutShapeError as e:
+        raise Refused(f"{where}: {e}") from None
+
+
+def preflight(api, target: LiveTarget, sync_paused: bool) -> dict:
+    """Read-only checks; Refused (exit 2) when the drill would be unsafe or inconclusive anyway."""
+    namespace, name = target.namespace, target.rollout
+    check_namespace(api, namespace)
     ro_api = Rollouts(api, namespace)
     try:
         ro = ro_api.get(name)
     except ApiException as e:
-        raise LiveRefused(f"rollout {namespace}/{name}: {e.reason}")
-    md = ro["metadata"]
-    ann, labels = md.get("annotations") or {}, md.get("labels") or {}
-    if ann.get(LEASE_ANNOTATION):
-        raise LiveRefused(f"rollout {namespace}/{name} is held by another drill ({LEASE_ANNOTATION}="
-                          f"{ann[LEASE_ANNOTATION]})")
-    if any(k in ann or k in labels for k in ARGOCD_TRACKING) and not sync_paused:
-        raise LiveRefused(f"rollout {namespace}/{name} is managed by Argo CD (self-heal would revert the drill): "
-                          f"pause its sync and pass --sync-paused")
+        if e.status == 404:
+            raise Refused(f"rollout {namespace}/{name} does not exist") from None
+        raise kube.unreachable(e, api, f"reading rollout {namespace}/{name}") from None
+    lease = ((ro["metadata"].get("annotations") or {}).get(LEASE_ANNOTATION))
+    if lease:
+        raise Refused(f"rollout {namespace}/{name} is held by another drill ({LEASE_ANNOTATION}: "
+                      f"{describe_lease(lease)})")
+    tracked = argocd_tracking(ro)
+    if tracked and not sync_paused:
+        raise Refused(f"rollout {namespace}/{name} looks managed by Argo CD ({tracked}; self-heal would revert "
+                      f"the drill): pause its sync and pass --sync-paused")
+    app = check_shape(ro, target.container)
     st = ro.get("status") or {}
     if st.get("abort"):
-        raise LiveRefused(f"rollout {namespace}/{name} is aborted")
+        raise Refused(f"rollout {namespace}/{name} is aborted")
     if not healthy()(ro):
-        raise LiveRefused(f"rollout {namespace}/{name} is not Healthy (phase {st.get('phase')})")
-    canary = (ro["spec"].get("strategy") or {}).get("canary")
-    if canary is None or not canary.get("trafficRouting"):
-        raise LiveRefused(f"rollout {namespace}/{name} is not a canary with traffic routing")
+        raise Refused(f"rollout {namespace}/{name} is not Healthy (phase {st.get('phase')})")
     window = (ro["spec"].get("rollbackWindow") or {}).get("revisions")
     if not window:
-        raise LiveRefused(f"rollout {namespace}/{name} has no rollbackWindow: a rollback would walk the steps")
+        raise Refused(f"rollout {namespace}/{name} has no rollbackWindow: a rollback would walk the steps")
     try:
-        target = ro_api.revision_replicaset(ro)
+        target_rs = ro_api.revision_replicaset(ro)
     except ValueError as e:
-        raise LiveRefused(f"rollout {namespace}/{name}: the rollback target ReplicaSet is pruned ({e})")
+        raise Refused(f"rollout {namespace}/{name}: the rollback target ReplicaSet is pruned ({e})") from None
     rss = ro_api.owned_replicasets(ro)
     stable = next((r for r in rss if (r.metadata.labels or {}).get(HASH_LABEL) == st.get("stableRS")), None)
-    between = [r for r in rss if stable and target.metadata.creation_timestamp < r.metadata.creation_timestamp
+    between = [r for r in rss if stable and target_rs.metadata.creation_timestamp < r.metadata.creation_timestamp
                < stable.metadata.creation_timestamp]
-    if stable is None or target.metadata.creation_timestamp >= stable.metadata.creation_timestamp \
+    if stable is None or target_rs.metadata.creation_timestamp >= stable.metadata.creation_timestamp \
             or len(between) >= window:
-        raise LiveRefused(f"rollout {namespace}/{name}: the rollback target is outside rollbackWindow "
-                          f"({len(between)} ReplicaSets between it and stable, window {window})")
-    if (target.spec.replicas or 0) != 0 or (target.status.replicas or 0) != 0:
-        raise LiveRefused(f"rollout {namespace}/{name}: the rollback target ReplicaSet "
-                          f"{(target.metadata.labels or {}).get(HASH_LABEL)} still has pods (not scaled to 0)")
-    return {"rollout": ro, "target": target, "stable": stable}
+        raise Refused(f"rollout {namespace}/{name}: the rollback target is outside rollbackWindow "
+                      f"({len(between)} ReplicaSets between it and stable, window {window})")
+    if (target_rs.spec.replicas or 0) != 0 or (target_rs.status.replicas or 0) != 0:
+        raise Refused(f"rollout {namespace}/{name}: the rollback target ReplicaSet "
+                      f"{(target_rs.metadata.labels or {}).get(HASH_LABEL)} still has pods (not scaled to 0)")
+    target_template = client.ApiClient().sanitize_for_serialization(target_rs.spec.template)
+    target_template.get("metadata", {}).get("labels", {}).pop(HASH_LABEL, None)
+    if app not in container_images(target_template):
+        raise Refused(f"rollout {namespace}/{name}: the rollback target's pod template has no container {app!r}")
+    return {"rollout": ro, "target": target_rs, "stable": stable, "app": app, "target_template": target_template}
+
+
+def rollback_template(ro: dict, target_template: dict, app: str) -> dict:
+    """The GitOps-style rollback: the spec's own template with the application container's image reverted (a
+    Git revert of the image tag), when that is all that differs from the target revision; otherwise the
+    target revision's template (as ``kubectl argo rollouts undo`` writes it)."""
+    reverted = with_image(ro["spec"]["template"], app, container_images(target_template)[app])
+    same_images = container_images(reverted) == container_images(target_template)
+    return reverted if same_images else target_template
 
 
 def run_live(args, log=None) -> int:
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    if not (args.namespace and args.rollout):
-        raise LiveRefused("live mode needs --namespace and --rollout")
-    kc, ctx = resolve_kubeconfig(args.kubeconfig, args.context)
+    target = check_inputs(args)
+    api = kube.new_client(target.kubeconfig, target.context)
     try:
-        check_context(ctx, embedded=False, allow=args.allow_context)
-    except RefusedTarget as e:
-        raise LiveRefused(str(e))
-    api = kconfig.new_client_from_config(config_file=kc, context=ctx)
-    pre = preflight(api, args.namespace, args.rollout, args.sync_paused)
-    ro = pre["rollout"]
-    version = controller_image_version(api)
-    run_id = new_run_id()
-    run_dir = config.reports_dir() / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger(run_dir, run_id, target=ctx, controller_version=version)
-    journal = Journal(run_dir / "journal.json", kubeconfig=kc, context=ctx)
+        pre = preflight(api, target, args.sync_paused)
+        version = controller_image_version(api)
+    except (BadInput, Interrupted):
+        raise
+    except Exception as e:   # a failure of the read-only preflight: nothing was mutated
+        raise kube.unreachable(e, api, "live preflight") from None
+    ro, app = pre["rollout"], pre["app"]
     steps = ro["spec"]["strategy"]["canary"]["steps"]
-    template_v1 = client.ApiClient().sanitize_for_serialization(pre["target"].spec.template)
-    template_v1["metadata"]["labels"].pop(HASH_LABEL, None)
-    cut = [s for s in steps]
+    cut = list(steps)
     while cut and "setWeight" in cut[-1] and cut[-1]["setWeight"] == 100:
         cut = cut[:-1]
-    plan = [f"annotate {args.namespace}/{args.rollout} {LEASE_ANNOTATION}={run_id}",
-            f"BEFORE: roll back the pod template to ReplicaSet {pre['target'].metadata.labels.get(HASH_LABEL)}",
+    template_v1 = rollback_template(ro, pre["target_template"], app)
+    image_v1 = container_images(template_v1)[app]
+    image_v2 = container_images(ro["spec"]["template"])[app]
+    run_id = new_run_id()
+    run_dir = config.reports_dir() / run_id
+    plan = [f"annotate {target.namespace}/{target.rollout} {LEASE_ANNOTATION} (run {run_id})",
+            f"BEFORE: roll back the pod template to ReplicaSet {pre['target'].metadata.labels.get(HASH_LABEL)} "
+            f"(container {app}: {image_v2} -> {image_v1}; other containers unchanged)",
             f"cut the steps [{steps_text(steps)}] -> [{steps_text(cut)}]",
-            "redeploy the current image, wait for the rollback target to be scaled to 0",
+            f"redeploy container {app} at {image_v2}, wait for the rollback target to be scaled to 0",
             "AFTER: roll back again and observe",
-            f"restore: image {ro['spec']['template']['spec']['containers'][0]['image']}, steps [{steps_text(steps)}]"]
+            f"restore: the pod template and steps [{steps_text(steps)}] exactly as they are now"]
     if args.dry_run:
         for p in plan:
             print(f"dry-run: would {p}")
         return 0
-    spec = ProbeSpec(steps=steps, replicas=ro["spec"].get("replicas", 1), name=args.rollout,
-                     availability_control=False, rollback_via=args.rollback_via,
-                     image_v1=template_v1["spec"]["containers"][0]["image"],
-                     image_v2=ro["spec"]["template"]["spec"]["containers"][0]["image"])
-    drill = RollbackDrill(api, args.namespace, spec, run_dir / "live", journal=journal, log=log,
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version)
+    journal = Journal(run_dir / "journal.json", kubeconfig=target.kubeconfig, context=target.context, run_id=run_id)
+    spec = ProbeSpec(steps=steps, replicas=ro["spec"].get("replicas", 1), name=target.rollout,
+                     availability_control=False, rollback_via=args.rollback_via, container=app,
+                     image_v1=image_v1, image_v2=image_v2)
+    drill = RollbackDrill(api, target.namespace, spec, run_dir / "live", journal=journal, log=log,
                           controller_version=version)
     drill.hash_v1 = pre["target"].metadata.labels.get(HASH_LABEL)
     drill.hash_v2 = ro["status"]["stableRS"]
-    drill.live_template_v1 = template_v1
-    co = client.CustomObjectsApi(api)
     journal.before_spec_change(ro)
     rc = 0
     load = None
-    with SignalGuard():
+    with SignalGuard() as guard:
+        restored = "not run"
         try:
-            co.patch_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL, args.rollout,
-                                              {"metadata": {"annotations": {LEASE_ANNOTATION: run_id}}})
-            if args.service_url:
+            set_lease(api, target.namespace, target.rollout, lease_value(run_id, journal.path))
+            if target.service_url:
                 from .lane_a import LaneLoad
-                load = LaneLoad(None, args.namespace, args.rollout, run_dir / "load", url=args.service_url)
+                load = LaneLoad(None, target.namespace, target.rollout, run_dir / "load", url=target.service_url)
             _live_lane(drill, ledger, steps, cut, template_v1, load)
         except Interrupted as e:
             log(f"live drill {e}; restoring")
@@ -178,29 +235,48 @@ def run_live(args, log=None) -> int:
                           reason="the drill stopped before its evidence was complete")
             rc = 3
         finally:
-            if load:
-                load.close()
-            drill.cleanup()
-            ok = restore_with_guard(journal, api, log=log)
-            try:
-                co.patch_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL, args.rollout,
-                                                  {"metadata": {"annotations": {LEASE_ANNOTATION: None}}})
-            except ApiException:
-                pass
-            if not ok:
-                rc = 1
+            restored = _restore(drill, load, journal, api, guard, log)
     code = exit_code(ledger.rows)
-    return max(rc, code) if rc != 1 and code != 1 else 1
+    if restored == "abandoned":
+        return 1 if code == 1 else 3
+    if restored != "done":
+        return 1
+    return 1 if 1 in (rc, code) else max(rc, code)
+
+
+def _restore(drill, load, journal: Journal, api, guard: SignalGuard, log) -> str:
+    """Stop what the drill started and restore the Rollout: done | abandoned | refused | failed.  A signal
+    during it abandons it; later signals are only noted."""
+    try:
+        if load:
+            load.close()
+        drill.cleanup()
+        return "done" if restore_with_guard(journal, api, log=log, guard=guard) else "abandoned"
+    except Interrupted:
+        guard.quiet()
+        journal.set_state("abandoned")
+        log(f"restore abandoned; left to restore: {journal.describe()}. The lease stays on the Rollout until it is "
+            f"done: drills restore --journal {journal.path}")
+        return "abandoned"
+    except BadInput as e:
+        guard.quiet()
+        log(f"restore refused: {e}")
+        return "refused"
+    except Exception as e:
+        guard.quiet()
+        log(f"restore failed: {kube.describe(e, kube.server_of(api), 'restore')}; finish it with: "
+            f"drills restore --journal {journal.path}")
+        return "failed"
+    finally:
+        guard.quiet()
 
 
 def _live_lane(drill: RollbackDrill, ledger: Ledger, steps, cut, template_v1, load=None):
+    from . import timeline
     from .lane_a import ASSERT_PEAK
-    from .probe import last_set_weight
 
     def rollback(label):
-        drill.recorder = None
         drill.run_label = label
-        from . import timeline
         path = drill.evidence_dir / f"{label}.timeline.jsonl"
         drill.recorder = timeline.Recorder(drill.api, drill.ns, drill.name, path).start()
         if load:
@@ -224,10 +300,30 @@ def _live_lane(drill: RollbackDrill, ledger: Ledger, steps, cut, template_v1, lo
     ledger.record("a", "before", ASSERT_PEAK, last_set_weight(steps), obs.peak_canary_weight_while_partial, v,
                   evidence=obs.timeline, reason=r, mode="live", series_text=obs.describe())
     drill.cut_steps(cut)
+    before = drill.ro.get(drill.name)["spec"]["template"]
+    meant = container_images(with_image(before, drill.spec.container, drill.spec.image_v2))
     drill.deploy(drill.spec.image_v2)
+    rolled = _stable_images(drill)
+    ok = rolled == meant
+    ledger.record("a", "redeploy", "the redeploy changes only the application container's image",
+                  meant, rolled, PASS if ok else FAIL, mode="live", container=drill.spec.container)
+    if not ok:
+        raise RuntimeError(f"the redeployed ReplicaSet runs {rolled}, not the template the drill meant ({meant})")
     drill.wait_scaled_to_zero(drill.hash_v1, timeout=600)
     obs = rollback("after")
     v, r = obs.verdict(last_set_weight(cut))
     ledger.record("a", "after", ASSERT_PEAK, last_set_weight(cut), obs.peak_canary_weight_while_partial, v,
                   evidence=obs.timeline, reason=r, mode="live", series_text=obs.describe())
-    _ = json, time
+
+
+def _stable_images(drill: RollbackDrill) -> dict:
+    """The container images of the ReplicaSet the Rollout now runs as stable."""
+    ro = drill.ro.get(drill.name)
+    stable = ro["status"].get("stableRS")
+    for rs in drill.ro.owned_replicasets(ro):
+        if (rs.metadata.labels or {}).get(HASH_LABEL) == stable:
+            return container_images(client.ApiClient().sanitize_for_serialization(rs.spec.template))
+    return {}
+
+
+__all__ = ["run_live", "preflight", "check_inputs", "LiveRefused"]

@@ -423,9 +423,11 @@ class Mesh:
         return lambda **kw: core.list_namespaced_config_map(ns, field_selector=f"metadata.name={self.cm_name}", **kw)
 
     def _watch_loop(self, kind: str) -> None:
-        from kubernetes import config as kconfig, watch
+        from kubernetes import watch
         from kubernetes.client.rest import ApiException
-        api_client = kconfig.new_client_from_config(config_file=self.kubeconfig)
+
+        from .kube import new_client
+        api_client = new_client(self.kubeconfig)
         fn = self._list_fn(kind, api_client)
         while not self.stop.is_set():
             try:

@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 from . import timeline
 from .cluster.availability import Availability
 from .ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
-from .rollout import HASH_LABEL, Predicate, Rollouts, healthy, healthy_at, paused
+from .rollout import HASH_LABEL, Predicate, Rollouts, container_images, healthy, healthy_at, paused
 
 REASON_NO_PARTIAL = "no partial-availability window observed"
 REASON_NOT_IN_WINDOW = "rollback not shown inside rollbackWindow (no SkipSteps event, no jump to the end of steps)"
@@ -32,14 +32,25 @@ REASON_INCOMPLETE = "timeline incomplete"
 
 
 # --- steps -------------------------------------------------------------------------------------------
-_PAUSE_RE = re.compile(r"^pause(?::(\d+(?:\.\d+)?)(ms|s|m|h)?)?$")
+_PAUSE_RE = re.compile(r"^pause(?::([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?)?$", re.ASCII)
+_WEIGHT_RE = re.compile(r"^[0-9]{1,3}$", re.ASCII)
+MAX_STEPS = 64
+NO_STEPS = ("none", "[]")
 
 
 def parse_steps(text: str) -> list[dict]:
-    """'5,pause:10s,100' -> [{setWeight:5},{pause:{duration:10s}},{setWeight:100}]; 'pause' = indefinite."""
+    """'5,pause:10s,100' -> [{setWeight:5},{pause:{duration:10s}},{setWeight:100}]; 'pause' = indefinite;
+    'none' (or an empty string) = no steps at all (``steps: []``)."""
+    if text is None or text.strip().lower() in ("", *NO_STEPS):
+        return []
+    raw_steps = [s.strip() for s in text.split(",")]
+    if any(not s for s in raw_steps):
+        raise ValueError(f"empty step in {text!r}: steps are separated by single commas")
+    if len(raw_steps) > MAX_STEPS:
+        raise ValueError(f"{len(raw_steps)} steps: at most {MAX_STEPS}")
     steps = []
-    for raw in [s.strip() for s in text.split(",") if s.strip()]:
-        if raw.isdigit():
+    for raw in raw_steps:
+        if _WEIGHT_RE.match(raw):
             w = int(raw)
             if not 0 <= w <= 100:
                 raise ValueError(f"setWeight {w} is outside 0..100")
@@ -88,6 +99,7 @@ class ProbeSpec:
     availability_control: bool = True
     rollback_via: str = "gitops"         # gitops | undo
     name: str = "probe"
+    container: str = "app"               # the application container: the only one the drill changes
     image_v1: str = "registry.local/probe:v1"
     image_v2: str = "registry.local/probe:v2"
     extra_canary: dict = field(default_factory=dict)   # e.g. replicaProgressThreshold
@@ -251,11 +263,11 @@ class RollbackDrill:
     def deploy(self, image: str, timeout: float = 300) -> str:
         """Update the image and let the rollout walk its steps (indefinite pauses promoted, recorded)."""
         time.sleep(1.0)   # the window check compares ReplicaSet creation times at 1 s precision
-        self.ro.set_image(self.name, image)
+        self.ro.set_image(self.name, image, container=self.spec.container)
         deadline = time.monotonic() + timeout
         while True:
             ro = self.ro.wait(self.name, Predicate("Healthy at the new image, or paused on an indefinite pause",
-                                                   lambda o: (healthy()(o) and _image(o) == image and
+                                                   lambda o: (healthy()(o) and _image(o, self.spec.container) == image and
                                                               o["status"].get("stableRS") ==
                                                               o["status"].get("currentPodHash")) or
                                                    (paused()(o) and _indefinite_pause(o))),
@@ -349,7 +361,7 @@ class RollbackDrill:
         result = rec.stop()
         d = timeline.derive(rec.records, self.hash_v1, since_mark="rollback")
         title = f"{self.run_label}: rollback to v1, steps [{steps_text(self.spec.steps)}] ({self.version})"
-        series_path = rec.out.with_name(rec.out.name.replace(".timeline.jsonl", ".series.json"))
+        series_path = timeline.series_path(rec.out)
         series_path.write_text(json.dumps(d.series(title, extra_series), indent=1))
         obs = Observation(
             label=self.run_label, peak_canary_weight_while_partial=d.peak_canary_weight_while_partial,
@@ -385,8 +397,8 @@ class RollbackDrill:
                 pass
 
 
-def _image(ro: dict) -> str:
-    return ro["spec"]["template"]["spec"]["containers"][0]["image"]
+def _image(ro: dict, container: str = "app") -> str | None:
+    return container_images(ro["spec"].get("template")).get(container)
 
 
 def _indefinite_pause(ro: dict) -> bool:

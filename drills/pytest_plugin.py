@@ -39,6 +39,9 @@ def pytest_addoption(parser):
                 choices=["on", "off"], help="hold revived pods (on) or let every pod turn Ready at once (off)")
     g.addoption("--rollback-via", default=os.environ.get("DRILLS_ROLLBACK_VIA", "gitops"),
                 choices=["gitops", "undo"], help="how drills roll back")
+    g.addoption("--keep-cluster", action="store_true", default=bool(os.environ.get("DRILLS_KEEP_CLUSTER")),
+                help="leave the embedded cluster up after the session (default: a cluster the session started is "
+                     "taken down)")
     g.addoption("--lane-a-variant", default=os.environ.get("DRILLS_LANE_A_VARIANT", "stage"),
                 choices=["stage", "prod"], help="lane A fixture: the seed's stage shape or the prod-shaped one")
 
@@ -73,8 +76,12 @@ def cluster(controller_version, request):
         from .controller_binary import inspect_binary
         info = inspect_binary(Path(binary), Path(crds) if crds else None)
         kwargs = {"controller_binary": info.path, "crds_dir": info.crds_dir, "reported_version": info.reported}
+    was_up = c.status().get("ready") and c.controller_version == controller_version
     c.up(controller_version, **kwargs)
     yield c
+    # a cluster this session started does not outlive it (one that was already up is left as it was)
+    if not was_up and not request.config.getoption("--keep-cluster"):
+        c.down(quiet=True)
 
 
 @pytest.fixture(scope="session")

@@ -745,7 +745,7 @@ def add_render_diff_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_render_diff(args) -> int:
-    from .cli import BadInput
+    from .errors import BadInput
     try:
         sources = base_sources(args.charts)
         fleet = Fleet(args.fleet, args.apps_dir)

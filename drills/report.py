@@ -25,10 +25,11 @@ import html
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from urllib.parse import quote
 
-from .ledger import read_rows
+from .ledger import LedgerError, read_rows
 
 EMULATION_NOTE = "Load figures come from an emulated mesh on the embedded cluster."
 WEIGHT_NOTE = ("The drill reproduces the canary weight the controller writes, "
@@ -574,6 +575,21 @@ def _discover(reports_root: Path) -> list[Path]:
     return [p for p in sorted(reports_root.iterdir()) if is_run_dir(p)]
 
 
+def _readable(runs: list[Path], strict: bool) -> list[Path]:
+    """Run folders whose ledger reads; a bad one is said and skipped (strict: it is bad input)."""
+    out = []
+    for run_dir in runs:
+        try:
+            read_rows(run_dir / "ledger.json")
+        except LedgerError as e:
+            if strict:
+                raise
+            print(f"drills: report: skipping {run_dir}: {e}", file=sys.stderr, flush=True)
+            continue
+        out.append(run_dir)
+    return out
+
+
 def _unique_runs(paths) -> list[Path]:
     seen, out = set(), []
     for p in paths:
@@ -592,7 +608,7 @@ def _newer(row: dict, order: int) -> tuple:
     return (str(row.get("recorded_at") or ""), str(row.get("run_id") or ""), order)
 
 
-def write_matrix(run_dirs: list[Path] | None, reports_root: Path) -> tuple[Path, Path]:
+def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool = False) -> tuple[Path, Path]:
     """Merge run folders into reports_root/matrix.html and matrix.md (version x assertion, branch order).
 
     run_dirs None: every folder under reports_root with a ledger.json.  Entries that are not run folders
@@ -600,7 +616,8 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path) -> tuple[Path,
     refreshed on the way, so every cell can link its plot.
     """
     reports_root = Path(reports_root)
-    runs = _unique_runs(_discover(reports_root) if run_dirs is None else run_dirs)
+    runs = _readable(_unique_runs(_discover(reports_root) if run_dirs is None else run_dirs),
+                     strict=run_dirs is not None and strict)
 
     cache: dict = {}
     run_info: list[dict] = []
@@ -798,14 +815,17 @@ def add_report_parser(subparsers) -> None:
 
 
 def cmd_report(args) -> int:
-    from .cli import BadInput
+    from .errors import BadInput
     from .config import reports_dir
 
     given = list(getattr(args, "run_dir", None) or [])
     missing = [d for d in given if not Path(d).exists()]
     if missing:
         raise BadInput(f"no such run folder: {', '.join(map(str, missing))}")
-    html_path, md_path = write_matrix([Path(d) for d in given] if given else None, reports_dir())
+    not_runs = [d for d in given if not is_run_dir(Path(d))]
+    for d in not_runs:
+        print(f"drills: report: {d} is not a run folder (no ledger.json): ignored", file=sys.stderr, flush=True)
+    html_path, md_path = write_matrix([Path(d) for d in given] if given else None, reports_dir(), strict=True)
     print(html_path)
     print(md_path)
     return 0

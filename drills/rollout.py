@@ -26,19 +26,89 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
+from .errors import BadInput
+from .kube import transient as _transient
+
 GROUP, VERSION, PLURAL = "argoproj.io", "v1alpha1", "rollouts"
 HASH_LABEL = "rollouts-pod-template-hash"
 REVISION_ANNOTATION = "rollout.argoproj.io/revision"
-
-
-def _transient(e: BaseException) -> bool:
-    if isinstance(e, ApiException):
-        return e.status in (0, 429, 500, 502, 503, 504)
-    return isinstance(e, (ConnectionError, TimeoutError, OSError))
-
+NAME_LABEL = "app.kubernetes.io/name"
+# containers injected next to the application by meshes and agents: never the app
+KNOWN_SIDECARS = ("istio-proxy", "istio-init", "linkerd-proxy", "linkerd-init", "envoy", "envoy-sidecar",
+                  "vault-agent", "cloud-sql-proxy", "datadog-agent", "fluent-bit", "otel-collector")
 
 api_retry = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(6),
                   wait=wait_exponential(multiplier=0.1, max=2), reraise=True)
+
+
+class RolloutShapeError(BadInput):
+    """A valid Rollout the drill cannot handle (no template, no containers, an unusable selector): exit 2."""
+
+
+def app_container_name(template: dict | None, wanted: str | None = None, rollout_name: str | None = None) -> str:
+    """The application container of a pod template: ``wanted`` when given (it must exist), the only container,
+    else the one named like the Rollout or its ``app.kubernetes.io/name`` label, else the only one that is not a
+    known sidecar.  RolloutShapeError when it cannot be told: the caller names it (``--container``)."""
+    containers = ((template or {}).get("spec") or {}).get("containers") or []
+    names = [c.get("name") for c in containers]
+    if not names:
+        raise RolloutShapeError("the pod template has no containers")
+    if wanted:
+        if wanted not in names:
+            raise RolloutShapeError(f"container {wanted!r} is not in the pod template (containers: {', '.join(names)})")
+        return wanted
+    if len(names) == 1:
+        return names[0]
+    labels = ((template or {}).get("metadata") or {}).get("labels") or {}
+    for hint in (rollout_name, labels.get(NAME_LABEL)):
+        if hint and hint in names:
+            return hint
+    apps = [n for n in names if n not in KNOWN_SIDECARS]
+    if len(apps) == 1:
+        return apps[0]
+    raise RolloutShapeError(f"the pod template has several containers ({', '.join(names)}) and none is clearly the "
+                            f"application: name it with --container")
+
+
+def container_images(template: dict | None) -> dict[str, str]:
+    """{container name: image} for every container (init and regular) of a pod template."""
+    spec = (template or {}).get("spec") or {}
+    return {c.get("name"): c.get("image") for key in ("initContainers", "containers")
+            for c in spec.get(key) or []}
+
+
+def with_image(template: dict, container: str, image: str) -> dict:
+    """A copy of the template with only ``container``'s image changed."""
+    out = copy.deepcopy(template)
+    hit = False
+    for c in (out.get("spec") or {}).get("containers") or []:
+        if c.get("name") == container:
+            c["image"] = image
+            hit = True
+    if not hit:
+        raise RolloutShapeError(f"container {container!r} is not in the pod template")
+    return out
+
+
+def selector_string(selector: dict | None) -> str:
+    """A label selector (matchLabels and matchExpressions) as the string list/watch calls take."""
+    sel = selector or {}
+    parts = [f"{k}={v}" for k, v in (sel.get("matchLabels") or {}).items()]
+    for e in sel.get("matchExpressions") or []:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        if op == "In":
+            parts.append(f"{key} in ({','.join(values)})")
+        elif op == "NotIn":
+            parts.append(f"{key} notin ({','.join(values)})")
+        elif op == "Exists":
+            parts.append(key)
+        elif op == "DoesNotExist":
+            parts.append(f"!{key}")
+        else:
+            raise RolloutShapeError(f"selector operator {op!r} of key {key!r} is not a label selector operator")
+    if not parts:
+        raise RolloutShapeError("the Rollout's selector selects nothing (no matchLabels, no matchExpressions)")
+    return ",".join(parts)
 
 
 class WaitTimeout(AssertionError):
@@ -134,7 +204,10 @@ class Rollouts:
             print(f"dry-run: would {what} rollout {self.ns}/{name}: {json.dumps(body, default=str)}", flush=True)
             return None
         self.log(f"{what} {self.ns}/{name}")
-        return api_retry(fn)()
+        out = api_retry(fn)()
+        if self.journal is not None and isinstance(out, dict):
+            self.journal.after_spec_change(out)
+        return out
 
     def _patch_status(self, name: str, what: str, status_patch: dict, rv: str | None) -> dict | None:
         body = {"status": status_patch}
@@ -163,12 +236,13 @@ class Rollouts:
             GROUP, VERSION, self.ns, PLURAL, manifest))
 
     def set_image(self, name: str, image: str, container: str = "*") -> dict:
-        """`kubectl argo rollouts set image NAME CONTAINER=IMAGE`: GET, change, Update."""
+        """`kubectl argo rollouts set image NAME CONTAINER=IMAGE`: GET, change, Update (``*`` = every container,
+        as the plugin; drills always name the application container)."""
         ro = self.get(name)
         if self.journal:
             self.journal.before_spec_change(ro)
         new = copy.deepcopy(ro)
-        spec = new["spec"]["template"]["spec"]
+        spec = new["spec"].get("template", {}).get("spec") or {}
         hit = False
         for key in ("initContainers", "containers", "ephemeralContainers"):
             for c in spec.get(key) or []:
@@ -176,10 +250,20 @@ class Rollouts:
                     c["image"] = image
                     hit = True
         if not hit:
-            raise ValueError(f"unable to find container named {container!r}")
-        return self._send("set image", name, {"image": image, "container": container},
-                          lambda: self.co.replace_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, new))
+            raise RolloutShapeError(f"unable to find container named {container!r}")
 
+        def update():
+            try:
+                return self.co.replace_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, new)
+            except ApiException as e:
+                # a retried Update whose first attempt was applied (its answer lost) conflicts on the
+                # resourceVersion: it is done when the template is already the one this Update carried
+                if e.status == 409:
+                    cur = self.get(name)
+                    if cur["spec"].get("template") == new["spec"].get("template"):
+                        return cur
+                raise
+        return self._send("set image", name, {"image": image, "container": container}, update)
     def set_steps(self, name: str, steps: list[dict]) -> dict:
         """A values change that edits the canary steps (a merge patch replaces the list, as Helm does)."""
         ro = self.get(name)
@@ -188,11 +272,14 @@ class Rollouts:
         return self._merge_patch(name, "set steps", {"spec": {"strategy": {"canary": {"steps": steps}}}})
 
     def gitops_rollback(self, name: str, template: dict) -> dict:
-        """Revert the pod template in the spec (a Git revert of the image tag, synced)."""
+        """Revert the pod template in the spec (a Git revert of the image tag, synced): the template is
+        replaced as given, so nothing of the current one is merged into it."""
         ro = self.get(name)
         if self.journal:
             self.journal.before_spec_change(ro)
-        return self._merge_patch(name, "gitops rollback", {"spec": {"template": template}})
+        patch = [{"op": "replace", "path": "/spec/template", "value": template}]
+        return self._send("gitops rollback", name, patch, lambda: self.co.patch_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, name, patch, _content_type="application/json-patch+json"))
 
     def scale(self, name: str, replicas: int):
         ro = self.get(name)
@@ -224,7 +311,7 @@ class Rollouts:
             GROUP, VERSION, self.ns, PLURAL, name, patch, _content_type="application/json-patch+json"))
 
     def owned_replicasets(self, ro: dict) -> list:
-        sel = ",".join(f"{k}={v}" for k, v in ro["spec"]["selector"]["matchLabels"].items())
+        sel = selector_string(ro["spec"].get("selector"))
         rss = api_retry(self.apps.list_namespaced_replica_set)(self.ns, label_selector=sel).items
         uid = ro["metadata"]["uid"]
         return [rs for rs in rss if any(o.uid == uid and o.controller for o in (rs.metadata.owner_references or []))]
@@ -267,7 +354,20 @@ class Rollouts:
                 time.sleep(0.05 * (i + 1))
 
     def promote(self, name: str, full: bool = False) -> dict | None:
-        return self._fresh(self._promote, name, full=full)
+        if full:
+            return self._fresh(self._promote, name, full=True)
+        st = self.get(name).get("status") or {}
+        base = (st.get("currentStepIndex"), bool(st.get("pauseConditions")))
+
+        def once(n):
+            # a retry after a conflict (or a lost answer) never advances twice: when the step index moved or
+            # the pause it meant to clear is gone, the promote (ours or the controller's) took effect
+            cur = self.get(n).get("status") or {}
+            if (cur.get("currentStepIndex"), bool(cur.get("pauseConditions"))) != base and \
+                    (cur.get("currentStepIndex") != base[0] or (base[1] and not cur.get("pauseConditions"))):
+                return None
+            return self._promote(n)
+        return self._fresh(once, name)
 
     def abort(self, name: str):
         return self._fresh(self._abort, name)

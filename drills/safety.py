@@ -1,15 +1,22 @@
-"""Safety: which targets a drill may touch, a journal of inverse actions, and restore that always runs.
+"""Safety: which targets a drill may touch, a lease on the Rollout, a journal of inverse actions, and a
+restore that always runs and never overwrites someone else's change.
 
 - The embedded cluster is always allowed; a live context only when allowlisted in the config file
-  (``allowed_contexts:`` in ~/.config/drills/config.yaml, or $DRILLS_CONFIG) or with --allow-context.
+  (``allowed_contexts: [ctx, ...]`` in ~/.config/drills/config.yaml, or $DRILLS_CONFIG) or with
+  --allow-context.  Anything but a list of context names there is refused (the allowlist fails closed).
 - The namespace must carry the opt-in label ``drills.dev/allow=true``.
-- Every mutation is journalled with its inverse before it is sent (a JSON file, so
-  ``drills restore --journal FILE`` can finish a restore later).
-- Restore returns each touched Rollout to the pod template, steps, replicas and abort/pause state it had
-  before the drill, removes the drill's holds, and waits until the Rollout is Healthy at the ReplicaSet
-  that was stable before the drill.
-- SIGINT/SIGTERM interrupt the drill; the first one leads to restore, a second one during restore
-  stops it and prints what is left.
+- A lease annotation (``drills.dev/lease``) says which drill holds the Rollout and which journal restores it;
+  it stays on the Rollout until a restore finished, so nothing else drills a Rollout that still owes one.
+- Every mutation is journalled before it is sent (the Rollout as it was), and after it (what the drill wrote),
+  in a JSON file, so ``drills restore --journal FILE`` can finish a restore later.
+- Restore puts back exactly what the drill changed: the pod template and the canary steps as they were
+  (a JSON patch that replaces them, guarded by the resourceVersion it was computed from), spec.paused when
+  the drill changed it, and the abort state.  It never touches what the drill did not change (replicas stay
+  whatever an autoscaler or a person set).  It refuses (exit 2, naming what moved) when the Rollout's template
+  or steps are neither the original nor something the drill wrote: someone else changed it since.
+  A journal already restored is not replayed.
+- SIGINT/SIGTERM interrupt the drill and lead to restore; a second signal abandons the restore (the lease and
+  the journal stay, and what is left is printed); further signals are only noted.
 """
 from __future__ import annotations
 
@@ -26,13 +33,19 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import config
+from . import config, kube
+from .errors import BadInput, Refused
+from .rollout import GROUP, PLURAL, VERSION, Rollouts, app_container_name, healthy, healthy_at
 
 NAMESPACE_LABEL_VALUE = "true"
+LEASE_ANNOTATION = "drills.dev/lease"
+JOURNAL_VERSION = 2
+
+RefusedTarget = Refused      # the name the rest of the package used first
 
 
-class RefusedTarget(Exception):
-    """The target is not allowed: exit 2, nothing mutated."""
+class JournalError(BadInput):
+    """A journal that cannot be read or used: exit 2."""
 
 
 class Interrupted(BaseException):
@@ -45,24 +58,40 @@ class Interrupted(BaseException):
 
 # --- allowlist ----------------------------------------------------------------------------------------
 def allowed_contexts(config_file: Path | None = None) -> set[str]:
+    """The allowlisted contexts of the config file; Refused when the file is not what it must be."""
     path = Path(config_file or config.user_config_file())
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         return set()
+    except (OSError, UnicodeDecodeError) as e:
+        raise Refused(f"{path}: cannot read it: {e}") from None
     except yaml.YAMLError as e:
-        raise RefusedTarget(f"{path}: not valid YAML: {e}")
-    return set(data.get("allowed_contexts") or [])
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise Refused(f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    if data is None:
+        return set()
+    if not isinstance(data, dict):
+        raise Refused(f"{path}: must be a mapping with allowed_contexts: [context, ...]")
+    items = data.get("allowed_contexts")
+    if items is None:
+        return set()
+    if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
+        shown = repr(items)[:80]
+        raise Refused(f"{path}: allowed_contexts must be a list of context names, e.g. "
+                      f"'allowed_contexts: [stage-eu-1]'; found {shown}: nothing is allowlisted until it is fixed")
+    return set(items)
 
 
 def check_context(context: str | None, embedded: bool, allow: list[str] | None = None,
                   config_file: Path | None = None) -> None:
     if embedded:
         return
-    ok = allowed_contexts(config_file) | set(allow or [])
+    ok = allowed_contexts(config_file) | {a for a in (allow or []) if a}
     if not context or context not in ok:
-        raise RefusedTarget(f"context {context!r} is not allowlisted: add it to allowed_contexts in "
-                            f"{config_file or config.user_config_file()} or pass --allow-context {context}")
+        raise Refused(f"context {context!r} is not allowlisted: add it to allowed_contexts in "
+                      f"{config_file or config.user_config_file()} or pass --allow-context {context}")
 
 
 def check_namespace(api: client.ApiClient, namespace: str) -> None:
@@ -70,32 +99,98 @@ def check_namespace(api: client.ApiClient, namespace: str) -> None:
         ns = client.CoreV1Api(api).read_namespace(namespace)
     except ApiException as e:
         if e.status == 404:
-            raise RefusedTarget(f"namespace {namespace!r} does not exist")
-        raise
+            raise Refused(f"namespace {namespace!r} does not exist") from None
+        raise kube.unreachable(e, api, f"reading namespace {namespace!r}") from None
+    except Exception as e:
+        raise kube.unreachable(e, api, f"reading namespace {namespace!r}") from None
     if (ns.metadata.labels or {}).get(config.NAMESPACE_OPT_IN_LABEL) != NAMESPACE_LABEL_VALUE:
-        raise RefusedTarget(f"namespace {namespace!r} lacks the opt-in label "
-                            f"{config.NAMESPACE_OPT_IN_LABEL}={NAMESPACE_LABEL_VALUE}")
+        raise Refused(f"namespace {namespace!r} lacks the opt-in label "
+                      f"{config.NAMESPACE_OPT_IN_LABEL}={NAMESPACE_LABEL_VALUE}")
+
+
+# --- the lease ---------------------------------------------------------------------------------------------
+def lease_value(run_id: str, journal_path: Path) -> str:
+    return json.dumps({"run": run_id, "journal": str(journal_path), "pid": os.getpid()}, separators=(",", ":"))
+
+
+def parse_lease(value: str | None) -> dict:
+    if not value:
+        return {}
+    try:
+        data = json.loads(value)
+        return data if isinstance(data, dict) else {"run": str(value)}
+    except ValueError:
+        return {"run": str(value)}
+
+
+def describe_lease(value: str) -> str:
+    lease = parse_lease(value)
+    text = f"run {lease.get('run')}"
+    if lease.get("journal"):
+        text += f"; if that drill is gone, finish it with: drills restore --journal {lease['journal']}"
+    return text
+
+
+def set_lease(api, namespace: str, name: str, value: str | None) -> None:
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"annotations": {LEASE_ANNOTATION: value}}})
 
 
 # --- the journal ----------------------------------------------------------------------------------------
-class Journal:
-    """Inverse actions, written to disk before each mutation is sent."""
+def _spec_fields(ro: dict) -> dict:
+    spec = ro.get("spec") or {}
+    canary = (spec.get("strategy") or {}).get("canary") or {}
+    return {"template": copy.deepcopy(spec.get("template")), "steps": copy.deepcopy(canary.get("steps")),
+            "steps_present": "steps" in canary, "paused": bool(spec.get("paused", False))}
 
-    def __init__(self, path: Path, kubeconfig: str | None = None, context: str | None = None):
+
+def _same(a, b) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+class Journal:
+    """Inverse actions, written to disk before each mutation is sent, and what each mutation left."""
+
+    def __init__(self, path: Path, kubeconfig: str | None = None, context: str | None = None,
+                 run_id: str | None = None, create: bool = True):
         self.path = Path(path)
-        self.data = {"kubeconfig": kubeconfig, "context": context, "rollouts": {}, "created": [], "holds": [],
-                     "restored": False}
         self.lock = threading.Lock()
+        self.data = {"version": JOURNAL_VERSION, "run_id": run_id, "pid": os.getpid(), "kubeconfig": kubeconfig,
+                     "context": context, "state": "open", "rollouts": {}, "created": [], "holds": [],
+                     "restored": False}
         if self.path.exists():
-            self.data.update(json.loads(self.path.read_text()))
-        else:
+            self.data.update(self._read(self.path))
+        elif create:
             self._save()
+
+    @staticmethod
+    def _read(path: Path) -> dict:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError) as e:
+            raise JournalError(f"journal {path}: cannot read it: {e}") from None
+        except ValueError as e:
+            raise JournalError(f"journal {path}: not valid JSON ({e})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("rollouts", {}), dict) \
+                or not isinstance(data.get("holds", []), list):
+            raise JournalError(f"journal {path}: not a drills journal (no 'rollouts' mapping)")
+        for key, entry in (data.get("rollouts") or {}).items():
+            if "/" not in str(key) or not isinstance(entry, dict):
+                raise JournalError(f"journal {path}: rollout entry {key!r} is not namespace/name with its state")
+            if "original" not in entry:         # first journal layout: the entry is the original state
+                data["rollouts"][key] = {"original": entry, "written": []}
+            orig = data["rollouts"][key]["original"]
+            if not isinstance(orig, dict) or not isinstance(orig.get("template"), dict):
+                raise JournalError(f"journal {path}: rollout {key} has no recorded pod template")
+        if data.get("restored") and data.get("state", "open") == "open":
+            data["state"] = "restored"
+        return data
 
     @classmethod
     def load(cls, path: Path) -> "Journal":
-        if not Path(path).exists():
-            raise FileNotFoundError(f"journal {path} does not exist")
-        return cls(path)
+        if not Path(path).is_file():
+            raise JournalError(f"journal {path} does not exist")
+        return cls(path, create=False)
 
     def _save(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,9 +198,22 @@ class Journal:
         tmp.write_text(json.dumps(self.data, indent=2, default=str))
         os.replace(tmp, self.path)
 
-    def _key(self, ns, name):
+    @property
+    def state(self) -> str:
+        return self.data.get("state", "open")
+
+    def set_state(self, state: str) -> None:
+        with self.lock:
+            self.data["state"] = state
+            self.data["restored"] = state == "restored"
+            self.data[f"{state}_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            self._save()
+
+    @staticmethod
+    def _key(ns, name):
         return f"{ns}/{name}"
 
+    # recording -----------------------------------------------------------------------------------------
     def before_spec_change(self, ro: dict):
         self._remember(ro)
 
@@ -118,12 +226,22 @@ class Journal:
             if key in self.data["rollouts"]:
                 return
             st = ro.get("status") or {}
-            self.data["rollouts"][key] = {
-                "template": copy.deepcopy(ro["spec"]["template"]),
-                "steps": copy.deepcopy(((ro["spec"].get("strategy") or {}).get("canary") or {}).get("steps")),
-                "replicas": ro["spec"].get("replicas"), "paused": ro["spec"].get("paused", False),
-                "abort": st.get("abort", False), "phase": st.get("phase"), "stableRS": st.get("stableRS"),
-            }
+            orig = _spec_fields(ro)
+            orig.update({"replicas": (ro.get("spec") or {}).get("replicas"), "abort": st.get("abort", False),
+                         "phase": st.get("phase"), "stableRS": st.get("stableRS")})
+            self.data["rollouts"][key] = {"original": orig, "written": []}
+            self._save()
+
+    def after_spec_change(self, ro: dict | None):
+        """What a spec mutation left on the Rollout (the response of the write)."""
+        if not isinstance(ro, dict) or "spec" not in ro:
+            return
+        key = self._key(ro["metadata"]["namespace"], ro["metadata"]["name"])
+        with self.lock:
+            entry = self.data["rollouts"].get(key)
+            if entry is None:
+                return
+            entry["written"].append(_spec_fields(ro))
             self._save()
 
     def created(self, kind: str, ns: str, name: str):
@@ -138,73 +256,142 @@ class Journal:
 
     @property
     def pending(self) -> bool:
-        return not self.data.get("restored") and bool(self.data["rollouts"] or self.data["holds"])
+        return self.state != "restored" and bool(self.data["rollouts"] or self.data["holds"])
 
     def describe(self) -> str:
-        parts = [f"{k}: image {v['template']['spec']['containers'][0].get('image')}, steps "
-                 f"{json.dumps(v['steps'])}, replicas {v['replicas']}, abort {v['abort']}"
-                 for k, v in self.data["rollouts"].items()]
+        parts = []
+        for k, v in self.data["rollouts"].items():
+            o = v["original"]
+            parts.append(f"{k}: image {_app_image(o['template'])}, steps {json.dumps(o['steps'])}, "
+                         f"abort {o.get('abort', False)}")
         parts += [f"hold {h['id']} in {h['namespace']}" for h in self.data["holds"]]
         return "; ".join(parts) or "nothing"
 
-    # --- restore ----------------------------------------------------------------------------------
+    # restore -------------------------------------------------------------------------------------------
+    def moved_on(self, key: str, ro: dict) -> list[str]:
+        """What of the Rollout is neither as it was nor as the drill left it (someone else changed it)."""
+        entry = self.data["rollouts"][key]
+        now = _spec_fields(ro)
+        known = [entry["original"], *entry["written"]]
+        out = []
+        if not any(_same(now["template"], k["template"]) for k in known):
+            out.append(f"spec.template (app image now {_app_image(now['template'])}; the drill never wrote that "
+                       f"template)")
+        if not any(_same(now["steps"], k["steps"]) for k in known):
+            out.append(f"spec.strategy.canary.steps (now {json.dumps(now['steps'])})")
+        return out
+
     def restore(self, api: client.ApiClient, timeout: float = 180, log=None) -> None:
+        """Restore what the drill changed; Refused when the Rollout moved on.  No-op when already restored."""
         from .cluster.availability import Availability
-        from .rollout import GROUP, PLURAL, VERSION, Rollouts, healthy, healthy_at
         log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-        co = client.CustomObjectsApi(api)
-        av = Availability(api)
+        if self.state == "restored":
+            log(f"restore: journal {self.path} was already restored ({self.data.get('restored_at', 'earlier')}); "
+                "nothing to do")
+            return
         for h in list(self.data["holds"]):
             try:
-                av.unhold(h["id"])
+                Availability(api).unhold(h["id"])
             except ApiException:
                 pass
-        self.data["holds"] = []
-        self._save()
+        with self.lock:
+            self.data["holds"] = []
+            self._save()
         deadline = time.monotonic() + timeout
-        for key, orig in self.data["rollouts"].items():
-            ns, name = key.split("/", 1)
+        for key in list(self.data["rollouts"]):
+            self._restore_one(api, key, deadline, log)
+        self.set_state("restored")
+
+    def _restore_one(self, api, key: str, deadline: float, log) -> None:
+        ns, name = key.split("/", 1)
+        co = client.CustomObjectsApi(api)
+        orig = self.data["rollouts"][key]["original"]
+        for _attempt in range(5):
             try:
                 ro = co.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
             except ApiException as e:
                 if e.status == 404:
-                    continue
+                    log(f"restore: {key} no longer exists; nothing to restore there")
+                    return
                 raise
-            log(f"restore: {key} -> image {orig['template']['spec']['containers'][0].get('image')}, "
-                f"steps {json.dumps(orig['steps'])}")
-            patch = {"spec": {"template": orig["template"], "replicas": orig["replicas"],
-                              "paused": orig["paused"]}}
-            if orig["steps"] is not None:
-                patch["spec"]["strategy"] = {"canary": {"steps": orig["steps"]}}
-            co.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, patch)
-            ro = co.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-            st = ro.get("status") or {}
-            if st.get("abort") and not orig["abort"]:
-                co.patch_namespaced_custom_object_status(GROUP, VERSION, ns, PLURAL, name,
-                                                         {"status": {"abort": False}})
-            if orig.get("phase") == "Healthy":
-                rl = Rollouts(api, ns)
-                rl.wait(name, healthy_at(orig["stableRS"]) if orig.get("stableRS") else healthy(),
-                        timeout=max(5.0, deadline - time.monotonic()), progress=lambda m: log(f"restore: {m}"))
-                log(f"restore: {key} Healthy")
-        self.data["restored"] = True
-        self._save()
+            moved = self.moved_on(key, ro)
+            if moved:
+                raise Refused(f"rollout {key} moved on since the drill: {'; '.join(moved)}. Restoring would "
+                              f"overwrite that change; nothing was sent. Journal: {self.path}")
+            now = _spec_fields(ro)
+            ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": ro["metadata"]["resourceVersion"]}]
+            if not _same(now["template"], orig["template"]):
+                ops.append({"op": "replace", "path": "/spec/template", "value": orig["template"]})
+            if not _same(now["steps"], orig["steps"]) or now["steps_present"] != orig.get("steps_present", True):
+                if orig.get("steps_present", orig["steps"] is not None):
+                    ops.append({"op": "add", "path": "/spec/strategy/canary/steps", "value": orig["steps"]})
+                elif now["steps_present"]:
+                    ops.append({"op": "remove", "path": "/spec/strategy/canary/steps"})
+            if now["paused"] != orig.get("paused", False) and any(
+                    w["paused"] != orig.get("paused", False) for w in self.data["rollouts"][key]["written"]):
+                ops.append({"op": "add", "path": "/spec/paused", "value": orig.get("paused", False)})
+            if len(ops) > 1:
+                log(f"restore: {key} -> image {_app_image(orig['template'])}, steps {json.dumps(orig['steps'])}")
+                try:
+                    co.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, ops,
+                                                      _content_type="application/json-patch+json")
+                except ApiException as e:
+                    if e.status in (409, 422):     # the test op failed: it changed under us, look again
+                        continue
+                    raise
+            break
+        else:
+            raise Refused(f"rollout {key} kept changing while restore ran; nothing more was sent. "
+                          f"Journal: {self.path}")
+        ro = co.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        if (ro.get("status") or {}).get("abort") and not orig.get("abort"):
+            Rollouts(api, ns).retry(name)
+        if orig.get("phase") == "Healthy":
+            Rollouts(api, ns).wait(name, healthy_at(orig["stableRS"]) if orig.get("stableRS") else healthy(),
+                                   timeout=max(5.0, deadline - time.monotonic()),
+                                   progress=lambda m: log(f"restore: {m}"))
+            log(f"restore: {key} Healthy")
+        self._release_lease(co, ns, name, log)
+
+    def _release_lease(self, co, ns: str, name: str, log) -> None:
+        ro = co.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+        value = ((ro["metadata"].get("annotations") or {}).get(LEASE_ANNOTATION))
+        if value and parse_lease(value).get("run") == self.data.get("run_id"):
+            co.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
+                                              {"metadata": {"annotations": {LEASE_ANNOTATION: None}}})
+            log(f"restore: {ns}/{name} lease released")
+
+
+def _app_image(template: dict | None) -> str | None:
+    containers = ((template or {}).get("spec") or {}).get("containers") or []
+    try:
+        name = app_container_name(template)
+    except BadInput:
+        return ",".join(str(c.get("image")) for c in containers) or None
+    return next((c.get("image") for c in containers if c.get("name") == name), None)
 
 
 # --- signals --------------------------------------------------------------------------------------
 class SignalGuard:
-    """Turns SIGINT/SIGTERM into ``Interrupted`` in the main thread; during restore a second signal
-    raises again so restore can be abandoned (and what is left printed)."""
+    """Turns SIGINT/SIGTERM into ``Interrupted`` in the main thread.  During restore a second signal raises
+    again so restore can be abandoned; after ``quiet()`` further signals are only counted."""
 
     def __init__(self):
         self.count = 0
         self.received: int | None = None
         self._old = {}
+        self._quiet = False
 
     def _handler(self, signum, frame):
         self.count += 1
         self.received = signum
+        if self._quiet:
+            print(f"drills: {signal.Signals(signum).name} noted; finishing up", file=sys.stderr, flush=True)
+            return
         raise Interrupted(signum)
+
+    def quiet(self) -> None:
+        self._quiet = True
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -218,13 +405,18 @@ class SignalGuard:
         return False
 
 
-def restore_with_guard(journal: Journal, api, log=None, timeout: float = 180) -> bool:
-    """Run restore; a signal during restore abandons it and prints what is left.  True when restored."""
+def restore_with_guard(journal: Journal, api, log=None, timeout: float = 180,
+                       guard: SignalGuard | None = None) -> bool:
+    """Run restore; a signal during it abandons the restore and prints what is left (the journal and the lease
+    stay).  True when restored; Refused propagates (someone else changed the Rollout)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     try:
         journal.restore(api, timeout=timeout, log=log)
         return True
     except Interrupted:
-        log(f"restore abandoned; left to restore: {journal.describe()}. "
-            f"Finish it with: drills restore --journal {journal.path}")
+        if guard is not None:
+            guard.quiet()
+        journal.set_state("abandoned")
+        log(f"restore abandoned; left to restore: {journal.describe()}. The lease stays on the Rollout until "
+            f"it is done: drills restore --journal {journal.path}")
         return False

@@ -23,6 +23,9 @@ from typing import Callable
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from .errors import BadInput
+from .rollout import app_container_name, container_images, selector_string
+
 HASH_LABEL = "rollouts-pod-template-hash"
 
 
@@ -31,13 +34,22 @@ def _rollout(o: dict) -> dict:
     spec, st = o.get("spec") or {}, o.get("status") or {}
     canary = (spec.get("strategy") or {}).get("canary") or {}
     weights = (st.get("canary") or {}).get("weights") or {}
-    containers = (((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])
+    template = spec.get("template") or {}
     istio = ((canary.get("trafficRouting") or {}).get("istio") or {})
+    vs = istio.get("virtualService") or {}
+    ping_pong = canary.get("pingPong") or {}
+    try:
+        app = app_container_name(template, rollout_name=(o.get("metadata") or {}).get("name"))
+    except BadInput:
+        app = None
+    images = container_images(template)
     return {
         "generation": o["metadata"].get("generation"), "replicas": spec.get("replicas", 1),
-        "steps": canary.get("steps"), "image": containers[0].get("image"),
+        "steps": canary.get("steps"), "image": images.get(app) if app else None, "images": images,
         "canaryService": canary.get("canaryService"), "stableService": canary.get("stableService"),
-        "virtualService": (istio.get("virtualService") or {}).get("name"),
+        "pingService": ping_pong.get("pingService"), "pongService": ping_pong.get("pongService"),
+        "virtualService": vs.get("name"),
+        "vsRoutes": {"http": vs.get("routes"), "tls": vs.get("tlsRoutes"), "tcp": vs.get("tcpRoutes")},
         "destinationRule": istio.get("destinationRule"),
         "status": {
             "currentStepIndex": st.get("currentStepIndex"), "phase": st.get("phase"), "abort": st.get("abort", False),
@@ -45,6 +57,7 @@ def _rollout(o: dict) -> dict:
             "currentPodHash": st.get("currentPodHash"), "observedGeneration": st.get("observedGeneration"),
             "canaryWeight": (weights.get("canary") or {}).get("weight"),
             "stableWeight": (weights.get("stable") or {}).get("weight"),
+            "stablePingPong": (st.get("canary") or {}).get("stablePingPong"),
             "pauseConditions": [p.get("reason") for p in st.get("pauseConditions") or []],
             "message": st.get("message"), "availableReplicas": st.get("availableReplicas"),
         },
@@ -68,14 +81,22 @@ def _pod(o: dict) -> dict:
             "deleting": md.get("deletionTimestamp") is not None}
 
 
+ROUTE_KINDS = ("http", "tls", "tcp")
+
+
 def _virtualservice(o: dict) -> dict:
-    routes = []
-    for http in (o.get("spec") or {}).get("http") or []:
-        routes.append({"name": http.get("name"),
-                       "route": [{"host": (r.get("destination") or {}).get("host"),
-                                  "subset": (r.get("destination") or {}).get("subset"),
-                                  "weight": r.get("weight", 0)} for r in http.get("route") or []]})
-    return {"http": routes}
+    """Every route of every kind (http, tls, tcp) with its destinations and weights."""
+    spec = o.get("spec") or {}
+    out: dict = {}
+    for kind in ROUTE_KINDS:
+        routes = []
+        for i, r in enumerate(spec.get(kind) or []):
+            routes.append({"name": r.get("name") or f"{kind}[{i}]",
+                           "route": [{"host": (d.get("destination") or {}).get("host"),
+                                      "subset": (d.get("destination") or {}).get("subset"),
+                                      "weight": d.get("weight", 0)} for d in r.get("route") or []]})
+        out[kind] = routes
+    return out
 
 
 def _destinationrule(o: dict) -> dict:
@@ -130,6 +151,7 @@ class Recorder:
         self._fh = open(self.out, "w")
         self.listeners: list[Callable[[dict], None]] = []
         self.audit_checked: int | None = None
+        self.notes: list[str] = []
 
     def _sources(self) -> list[Source]:
         co = client.CustomObjectsApi(self.api)
@@ -138,9 +160,15 @@ class Recorder:
         sel = None
         try:
             ro = co.get_namespaced_custom_object("argoproj.io", "v1alpha1", self.ns, "rollouts", self.rollout)
-            sel = ",".join(f"{k}={v}" for k, v in ro["spec"]["selector"]["matchLabels"].items())
-        except ApiException:
-            pass
+            sel = selector_string(ro["spec"].get("selector"))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            # recorded from its creation: ReplicaSets and Pods of the whole namespace until it exists
+            self.notes.append(f"rollout {self.ns}/{self.rollout} did not exist when the recording started: "
+                              "ReplicaSets and Pods of the whole namespace are recorded")
+        except BadInput as e:
+            self.notes.append(f"no label selector ({e}): ReplicaSets and Pods of the whole namespace are recorded")
         lab = {"label_selector": sel} if sel else {}
         return [
             Source("Rollout", co.list_namespaced_custom_object, ("argoproj.io", "v1alpha1", self.ns, "rollouts"),
@@ -299,14 +327,17 @@ class Recorder:
             self._emit_footer(complete)
             self._fh.close()
         return {"complete": complete, "reasons": list(self.incomplete_reasons), "reconnects": dict(self.reconnects),
-                "audit_writes_checked": self.audit_checked}
+                "audit_writes_checked": self.audit_checked, "audit_log_checked": self.audit_log is not None,
+                "notes": list(self.notes)}
 
     def _emit_footer(self, complete: bool):
         self.seq += 1
         rec = {"seq": self.seq, "t": time.monotonic(), "wall": time.time(), "kind": "Recorder", "type": "END",
                "name": "", "rv": None, "obj": {"complete": complete, "reasons": self.incomplete_reasons,
                                                "reconnects": self.reconnects,
-                                               "audit_writes_checked": self.audit_checked}}
+                                               "audit_writes_checked": self.audit_checked,
+                                               "audit_log_checked": self.audit_log is not None,
+                                               "notes": self.notes}}
         self.records.append(rec)
         self._fh.write(json.dumps(rec) + "\n")
 
@@ -323,6 +354,19 @@ class Recorder:
                 return
             time.sleep(0.05)
         raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+TIMELINE_SUFFIX = ".timeline.jsonl"
+SERIES_SUFFIX = ".series.json"
+
+
+def series_path(timeline: Path | str) -> Path:
+    """The one name of a timeline's derived series: x.timeline.jsonl (or x.jsonl) -> x.series.json."""
+    p = Path(timeline)
+    for suffix in (TIMELINE_SUFFIX, ".jsonl"):
+        if p.name.endswith(suffix):
+            return p.with_name(p.name[: -len(suffix)] + SERIES_SUFFIX)
+    return p.with_name(p.name + SERIES_SUFFIX)
 
 
 def load(path: Path) -> list[dict]:
@@ -357,20 +401,36 @@ def ordered(records: list[dict]) -> list[dict]:
     return [r for _, _, r in keyed]
 
 
+def canary_stable_hosts(rollout: dict) -> tuple[str | None, str | None]:
+    """(canary host, stable host) when routed by host: canaryService/stableService, or ping-pong services
+    (the stable one named by status.canary.stablePingPong, ping when unset)."""
+    if rollout.get("pingService") and rollout.get("pongService"):
+        if (rollout.get("status") or {}).get("stablePingPong") == "pong":
+            return rollout["pingService"], rollout["pongService"]
+        return rollout["pongService"], rollout["pingService"]
+    return rollout.get("canaryService"), rollout.get("stableService")
+
+
 def canary_weight_of(vs: dict, rollout: dict) -> tuple[int | None, int | None]:
-    """(canary, stable) weights from a condensed VirtualService, routed by subset or by host."""
-    canary_host, stable_host = rollout.get("canaryService"), rollout.get("stableService")
+    """(canary, stable) weights from a condensed VirtualService, routed by subset, by host or ping-pong, over
+    the route kinds the Rollout manages (http, tls, tcp; the first managed route that names either)."""
+    canary_host, stable_host = canary_stable_hosts(rollout)
     dr = rollout.get("destinationRule") or {}
     csub, ssub = dr.get("canarySubsetName", "canary"), dr.get("stableSubsetName", "stable")
-    for http in vs.get("http") or []:
-        c = s = None
-        for r in http["route"]:
-            if canary_host and r["host"] == canary_host or (not canary_host and r["subset"] == csub):
-                c = r["weight"]
-            elif stable_host and r["host"] == stable_host or (not stable_host and r["subset"] == ssub):
-                s = r["weight"]
-        if c is not None or s is not None:
-            return c or 0, s or 0
+    managed = rollout.get("vsRoutes") or {}
+    for kind in ROUTE_KINDS:
+        wanted = managed.get(kind)
+        for http in vs.get(kind) or []:
+            if kind == "http" and wanted and http.get("name") not in wanted:
+                continue
+            c = s = None
+            for r in http["route"]:
+                if canary_host and r["host"] == canary_host or (not canary_host and r["subset"] == csub):
+                    c = r["weight"]
+                elif stable_host and r["host"] == stable_host or (not stable_host and r["subset"] == ssub):
+                    s = r["weight"]
+            if c is not None or s is not None:
+                return c or 0, s or 0
     return None, None
 
 

@@ -220,11 +220,11 @@ class Releaser:
 
 
 def main(argv=None) -> int:
-    from kubernetes import config as kconfig
+    from ..kube import new_client
     ap = argparse.ArgumentParser(prog="drills-releaser")
     ap.add_argument("--kubeconfig", required=True)
     args = ap.parse_args(argv)
-    api = kconfig.new_client_from_config(config_file=args.kubeconfig)
+    api = new_client(args.kubeconfig)
     r = Releaser(api)
     signal.signal(signal.SIGTERM, lambda *a: r.stop.set())
     r.run()

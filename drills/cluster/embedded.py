@@ -105,9 +105,36 @@ class EmbeddedCluster:
     # --- state --------------------------------------------------------------------------------
     def state(self) -> dict:
         try:
-            return json.loads(self.state_file.read_text())
-        except (FileNotFoundError, ValueError):
+            data = json.loads(self.state_file.read_text())
+        except (FileNotFoundError, ValueError, UnicodeDecodeError):
             return {}
+        return data if isinstance(data, dict) else {}
+
+    def state_error(self) -> str | None:
+        """Why the state file cannot be read (None when it is fine or absent)."""
+        try:
+            data = json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError) as e:
+            return f"{self.state_file} is not valid JSON ({e})"
+        return None if isinstance(data, dict) else f"{self.state_file} does not hold a JSON object"
+
+    def _own_processes(self) -> list[int]:
+        """Processes started for this cluster, found by their command line (every one names the cluster's
+        kubeconfig or folder): the way to stop them when the state file cannot be read."""
+        marks = (str(self.kubeconfig).encode(), str(self.folder).encode() + b"/")
+        out = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit() or int(d.name) == os.getpid():
+                continue
+            try:
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if any(m in cmd for m in marks):
+                out.append(int(d.name))
+        return out
 
     def _save(self, st: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -136,8 +163,8 @@ class EmbeddedCluster:
         self._save(st)
 
     def api_client(self):
-        from kubernetes import config as kconfig
-        return kconfig.new_client_from_config(config_file=str(self.kubeconfig))
+        from ..kube import new_client
+        return new_client(self.kubeconfig)
 
     def _kwokctl(self, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
         env = dict(os.environ, KWOK_WORKDIR=str(self.kwok_workdir))
@@ -166,7 +193,8 @@ class EmbeddedCluster:
     def status(self) -> dict:
         st = self.state()
         if not st:
-            return {"ready": False}
+            err = self.state_error()
+            return {"ready": False, "cluster": self.name, "error": err} if err else {"ready": False}
         procs = list(st.get("processes", []))
         for name, pid in sorted(self._kwok_pids().items()):
             procs.append({"name": name, "pid": pid, "managed_by": "kwokctl",
@@ -385,9 +413,11 @@ class EmbeddedCluster:
     # --- down -------------------------------------------------------------------------------------
     def down(self, quiet: bool = False) -> dict:
         st = self.state()
-        procs = st.get("processes", [])
+        procs = [p for p in st.get("processes", []) if isinstance(p, dict) and isinstance(p.get("pid"), int)]
         for p in procs:
-            self._terminate(p["pid"], expect=self._expected_cmd(p["name"]))
+            self._terminate(p["pid"], expect=self._expected_cmd(str(p.get("name"))))
+        for pid in self._own_processes():      # whatever the state file no longer (or never) named
+            self._terminate(pid, grace=2.0)
         r = None
         kwok_pids = self._kwok_pids()
         if self.tc.bin("kwok", config.KWOK_VERSION, "kwokctl").exists():
@@ -400,7 +430,7 @@ class EmbeddedCluster:
         if not quiet:
             self.log(f"cluster: {self.name} down" + (f" ({r.stderr.strip()[-200:]})" if r is not None and
                                                       r.returncode != 0 else ""))
-        return {"stopped": [p["name"] for p in procs]}
+        return {"stopped": [p.get("name") for p in procs]}
 
     def _expected_cmd(self, name: str) -> str:
         return {"rollouts-controller": "--leader-elect=false", "releaser": "drills.cluster.availability"}.get(

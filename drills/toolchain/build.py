@@ -16,14 +16,27 @@ from typing import Callable
 import yaml
 
 from .. import config
+from ..errors import BadInput
 
 
 class BuildError(RuntimeError):
     """A component failed to build; the message names module, version and Go's error."""
 
 
-class UnknownVersion(ValueError):
+class UnknownVersion(BadInput, ValueError):
     """Not a version string, or not served by the Go module proxy."""
+
+
+class GoMissing(BadInput):
+    """No `go` command on PATH: nothing can be built."""
+
+
+def require_go() -> str:
+    go = shutil.which("go")
+    if not go:
+        raise GoMissing("the go command is not on PATH: drills builds its binaries from Go modules; install Go "
+                        f"(>= 1.26) or put it on PATH (cache: {config.cache_dir()})")
+    return go
 
 
 @dataclass(frozen=True)
@@ -118,6 +131,7 @@ def resolve_controller_versions(spec: str | list[str] | None, check_served: bool
 
 
 def _module_served(module: str, version: str) -> bool:
+    require_go()
     env = dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod")
     r = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True,
                        env=env, timeout=300)
@@ -267,6 +281,7 @@ class Toolchain:
         todo = [c for c in comps if not self.is_built(c)]
         if not todo:
             return
+        require_go()
         self.log(f"toolchain: {len(todo)} component(s) to build: {', '.join(c.key for c in todo)}")
         for i, comp in enumerate(todo, 1):
             self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} ...")

@@ -214,7 +214,7 @@ class LaneOrder:
         short, short_seconds = weights_while_short_at(der, target)
         observed = max((w for _, w, _, _ in short), default=None)
         title = f"{label}: deploy v2, steps [{steps_text(spec.steps)}], replicas {spec.replicas} ({self.version})"
-        series_path = rec.out.with_name(rec.out.name.replace(".timeline.jsonl", ".series.json"))
+        series_path = timeline.series_path(rec.out)
         series_path.write_text(json.dumps(der.series(title), indent=1))
         exp = self.expect.get("mid_steps") or {}
         reason = None

@@ -1,0 +1,158 @@
+"""Fixtures of the framework's own tests: small API servers on 127.0.0.1 that misbehave on purpose (silent,
+refusing, failing), and kubeconfigs pointing at them, for the failures a real apiserver cannot be made to
+produce on demand."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+
+class SilentServer:
+    """Accepts TCP connections and never answers; counts them."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        self.sock.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            self.conns.append(c)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def close(self):
+        self._stop.set()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+class StatusServer:
+    """An HTTP server answering every request with one Kubernetes Status (code), recording requests."""
+
+    def __init__(self, code: int, reason: str = "Forbidden", require_auth: bool = False):
+        self.requests: list[tuple[str, str, dict]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _answer(self):
+                outer.requests.append((self.command, self.path, dict(self.headers)))
+                status = code
+                if require_auth and "Authorization" not in self.headers:
+                    status = 401
+                body = json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                   "message": f"{reason.lower()}: drills test server", "reason": reason,
+                                   "code": status}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _answer
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def mutations(self) -> list:
+        return [r for r in self.requests if r[0] in ("POST", "PATCH", "PUT", "DELETE")]
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def write_kubeconfig(path: Path, server: str, context: str = "stage", user: dict | None = None,
+                     cluster_extra: dict | None = None, with_user: bool = True) -> Path:
+    cluster = {"server": server, **(cluster_extra or {})}
+    if server.startswith("https") and "certificate-authority-data" not in cluster:
+        cluster["insecure-skip-tls-verify"] = True
+    ctx = {"cluster": "c"}
+    if with_user:
+        ctx["user"] = "u"
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": context,
+           "clusters": [{"name": "c", "cluster": cluster}],
+           "contexts": [{"name": context, "context": ctx}],
+           "users": [{"name": "u", "user": user if user is not None else {"token": "t"}}]}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def kubeconfig_to():
+    """write_kubeconfig(path, server, ...): a kubeconfig file for one of these servers."""
+    return write_kubeconfig
+
+
+@pytest.fixture
+def silent_server():
+    s = SilentServer()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def status_server_factory():
+    made = []
+
+    def make(code: int, reason: str = "Forbidden", require_auth: bool = False) -> StatusServer:
+        s = StatusServer(code, reason, require_auth)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
+
+def run_drills(*args, env: dict | None = None, timeout: float = 180, cwd: str | None = None
+               ) -> subprocess.CompletedProcess:
+    """`python -m drills ARGS` with a private config/reports folder unless env says otherwise."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "drills", *map(str, args)], capture_output=True, text=True,
+                          env=e, timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture
+def drills_cmd(tmp_path):
+    """Runs the drills command with DRILLS_CONFIG and DRILLS_REPORTS in the test's own folder."""
+    cfg = tmp_path / "drills-config.yaml"
+
+    def run(*args, env: dict | None = None, timeout: float = 180):
+        e = {"DRILLS_CONFIG": str(cfg), "DRILLS_REPORTS": str(tmp_path / "reports")}
+        e.update(env or {})
+        return run_drills(*args, env=e, timeout=timeout)
+    run.config = cfg
+    return run
