@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 from . import timeline
 from .cluster.availability import Availability
 from .ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
-from .rollout import HASH_LABEL, Predicate, Rollouts, container_images, healthy, healthy_at, paused
+from .rollout import HASH_LABEL, Predicate, Rollouts, container_images, healthy, healthy_at, paused, with_image
 
 REASON_NO_PARTIAL = "no partial-availability window observed"
 REASON_NOT_IN_WINDOW = "rollback not shown inside rollbackWindow (no SkipSteps event, no jump to the end of steps)"
@@ -103,6 +103,7 @@ class ProbeSpec:
     image_v1: str = "registry.local/probe:v1"
     image_v2: str = "registry.local/probe:v2"
     extra_canary: dict = field(default_factory=dict)   # e.g. replicaProgressThreshold
+    sidecars: list = field(default_factory=list)        # containers beside the app (never changed by the drill)
 
     @classmethod
     def from_fixture(cls, path: Path, **over) -> tuple["ProbeSpec", dict]:
@@ -149,8 +150,8 @@ def manifests(spec: ProbeSpec, namespace: str) -> dict:
           "metadata": {"name": n, "namespace": namespace},
           "spec": {"hosts": [n], "http": [{"name": "primary", "route": route}]}}
     template = {"metadata": {"labels": dict(labels)},
-                "spec": {"containers": [{"name": "app", "image": spec.image_v1,
-                                         "ports": [{"containerPort": 8080}]}]}}
+                "spec": {"containers": [{"name": spec.container, "image": spec.image_v1,
+                                         "ports": [{"containerPort": 8080}]}, *copy.deepcopy(spec.sidecars)]}}
     ro = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": n, "namespace": namespace},
           "spec": {"replicas": spec.replicas, "revisionHistoryLimit": 10,
                    "selector": {"matchLabels": dict(labels)}, "template": template,
@@ -177,9 +178,8 @@ def install(api: client.ApiClient, namespace: str, spec: ProbeSpec, journal=None
 
 
 def template_for(spec: ProbeSpec, image: str) -> dict:
-    t = manifests(spec, "x")["rollout"]["spec"]["template"]
-    t["spec"]["containers"][0]["image"] = image
-    return t
+    """The probe's pod template with the application container at ``image`` (sidecars as they are)."""
+    return with_image(manifests(spec, "x")["rollout"]["spec"]["template"], spec.container, image)
 
 
 # --- observations --------------------------------------------------------------------------------------

@@ -156,3 +156,48 @@ def drills_cmd(tmp_path):
         return run_drills(*args, env=e, timeout=timeout)
     run.config = cfg
     return run
+
+
+# --- a stage Rollout on the embedded cluster, ready to be drilled in live mode -----------------------------
+def kube_context(cluster) -> str:
+    return yaml.safe_load(Path(cluster.kubeconfig).read_text())["current-context"]
+
+
+@pytest.fixture
+def stage_rollout(kube, namespace, tmp_path, controller_version):
+    """prepare(**spec) -> RollbackDrill: a Rollout at v2, v1 scaled to 0, a valid rollback target inside the
+    window (the stand-in for a stage service that live mode drills)."""
+    from drills.probe import ProbeSpec, RollbackDrill
+
+    def prepare(**over) -> RollbackDrill:
+        fields = {"steps": [{"setWeight": 5}, {"pause": {"duration": "2s"}}, {"setWeight": 100}], "replicas": 2,
+                  "name": "svc", "scale_down_delay": 3, "image_v1": "registry.local/svc:v1",
+                  "image_v2": "registry.local/svc:v2"}
+        fields.update(over)
+        d = RollbackDrill(kube, namespace, ProbeSpec(**fields), tmp_path / "prepare",
+                          controller_version=controller_version)
+        d.deploy_v1()
+        d.deploy_v2()
+        d.wait_scaled_to_zero(d.hash_v1)
+        return d
+    return prepare
+
+
+@pytest.fixture
+def live_cmd(cluster, namespace, tmp_path):
+    """live(*extra, rollout="svc", env=None) -> CompletedProcess of `drills run` in live mode against the
+    embedded cluster used as an allowlisted stand-in stage; the run writes under tmp_path/reports."""
+    ctx = kube_context(cluster)
+
+    def args(rollout: str = "svc", *extra) -> list[str]:
+        return ["run", "--kubeconfig", str(cluster.kubeconfig), "--context", ctx, "--namespace", namespace,
+                "--rollout", rollout, "--allow-context", ctx, *extra]
+
+    def run(*extra, rollout: str = "svc", env: dict | None = None, timeout: float = 600):
+        e = {"DRILLS_REPORTS": str(tmp_path / "reports"), "DRILLS_CONFIG": str(tmp_path / "none.yaml")}
+        e.update(env or {})
+        return run_drills(*args(rollout, *extra), env=e, timeout=timeout)
+    run.args = args
+    run.context = ctx
+    run.reports = tmp_path / "reports"
+    return run

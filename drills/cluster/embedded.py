@@ -120,7 +120,7 @@ class EmbeddedCluster:
             return f"{self.state_file} is not valid JSON ({e})"
         return None if isinstance(data, dict) else f"{self.state_file} does not hold a JSON object"
 
-    def _own_processes(self) -> list[int]:
+    def own_processes(self) -> list[int]:
         """Processes started for this cluster, found by their command line (every one names the cluster's
         kubeconfig or folder): the way to stop them when the state file cannot be read."""
         marks = (str(self.kubeconfig).encode(), str(self.folder).encode() + b"/")
@@ -416,7 +416,7 @@ class EmbeddedCluster:
         procs = [p for p in st.get("processes", []) if isinstance(p, dict) and isinstance(p.get("pid"), int)]
         for p in procs:
             self._terminate(p["pid"], expect=self._expected_cmd(str(p.get("name"))))
-        for pid in self._own_processes():      # whatever the state file no longer (or never) named
+        for pid in self.own_processes():      # whatever the state file no longer (or never) named
             self._terminate(pid, grace=2.0)
         r = None
         kwok_pids = self._kwok_pids()

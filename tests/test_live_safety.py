@@ -1,0 +1,223 @@
+"""Live mode against the embedded cluster used as an allowlisted stand-in stage: what a careful platform
+engineer tried before pointing the drill at a real stage cluster (multi-container Rollouts, kill -9, repeated
+signals, someone else changing the Rollout, Argo CD tracking, shapes the drill cannot handle)."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
+
+from drills import safety, timeline
+from drills.errors import Refused
+from drills.live import check_shape
+from drills.rollout import Rollouts, container_images, healthy_at
+
+pytestmark = pytest.mark.single_version
+
+SIDECAR = {"name": "istio-proxy", "image": "registry.local/proxy:1.0"}
+
+
+def until(what: str, fn, timeout: float = 120, every: float = 0.1):
+    """Wait for fn() to return something truthy; the error names the wait."""
+    r = retry(retry=retry_if_result(lambda v: not v), stop=stop_after_delay(timeout), wait=wait_fixed(every),
+              retry_error_callback=lambda st: pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}"))
+    return r(fn)()
+
+
+def _spec(ro: dict) -> dict:
+    return {"template": ro["spec"]["template"], "steps": ro["spec"]["strategy"]["canary"]["steps"],
+            "replicas": ro["spec"]["replicas"], "paused": ro["spec"].get("paused")}
+
+
+def _lease(ro: dict) -> str | None:
+    return (ro["metadata"].get("annotations") or {}).get(safety.LEASE_ANNOTATION)
+
+
+def _ledger(reports: Path) -> list[dict]:
+    return json.loads(next(reports.glob("*/ledger.json")).read_text())
+
+
+class Stderr:
+    """Collects a child's stderr lines as they come."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self.t = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.t.start()
+
+    def _read(self, proc):
+        for line in proc.stderr:
+            self.lines.append(line)
+
+    def seen(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def _start_live(live_cmd, *extra) -> tuple[subprocess.Popen, Stderr]:
+    import os
+    env = dict(os.environ, DRILLS_REPORTS=str(live_cmd.reports), DRILLS_CONFIG="/nonexistent/drills.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "drills", *live_cmd.args("svc", *extra)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, Stderr(proc)
+
+
+def _rollback_sent(kube, namespace, image_v2):
+    ro = Rollouts(kube, namespace).get("svc")
+    return container_images(ro["spec"]["template"]).get("app") != image_v2
+
+
+# --- 1 and 7: only the app container changes; restore gives back the spec exactly -------------------------------
+def test_app_and_sidecar_drill_changes_only_the_app_and_restores_the_spec_exactly(kube, namespace, stage_rollout,
+                                                                                  live_cmd, drills_cmd):
+    d = stage_rollout(sidecars=[SIDECAR])
+    before = Rollouts(kube, namespace).get("svc")
+    r = live_cmd()
+    rows = _ledger(live_cmd.reports)
+    assert r.returncode == 0, (r.stderr[-3000:], rows)
+    peaks = {row["step"]: row["observed"] for row in rows if row["assertion"].startswith("peak canary weight")}
+    assert peaks == {"before": 100, "after": 5}, rows
+    redeploy = next(row for row in rows if row["step"] == "redeploy")
+    assert redeploy["verdict"] == "pass" and redeploy["observed"]["istio-proxy"] == SIDECAR["image"], redeploy
+    # the sidecar's image never changed, in any Rollout the recorder saw or any ReplicaSet the Rollout owns
+    for tl in (live_cmd.reports).glob("*/live/*.timeline.jsonl"):
+        for rec in timeline.load(tl):
+            if rec["kind"] == "Rollout" and rec["type"] != "DELETED":
+                assert rec["obj"]["images"]["istio-proxy"] == SIDECAR["image"], (tl, rec)
+    rl = Rollouts(kube, namespace)
+    after = rl.get("svc")
+    for rs in rl.owned_replicasets(after):
+        assert {c.name: c.image for c in rs.spec.template.spec.containers}["istio-proxy"] == SIDECAR["image"]
+    # restored exactly: no field of the ReplicaSet's defaulted template merged into the spec
+    assert _spec(after) == _spec(before)
+    assert healthy_at(d.hash_v2)(after) and _lease(after) is None
+    journal = next(live_cmd.reports.glob("*/journal.json"))
+    assert safety.Journal.load(journal).state == "restored"
+    # a restored journal is not replayed: nothing to do, nothing sent
+    rv = after["metadata"]["resourceVersion"]
+    r = drills_cmd("restore", "--journal", journal, "--allow-context", live_cmd.context)
+    assert r.returncode == 0 and "nothing to do" in r.stdout, r.stderr
+    assert rl.get("svc")["metadata"]["resourceVersion"] == rv
+
+
+# --- 2 and 4: kill -9, the lease stays and names the journal; restore refuses a Rollout that moved on -----------
+def test_sigkill_leaves_the_lease_and_restore_finishes_it_unless_someone_else_changed_the_rollout(
+        kube, namespace, stage_rollout, live_cmd, drills_cmd):
+    d = stage_rollout()
+    original = _spec(Rollouts(kube, namespace).get("svc"))
+    proc, err = _start_live(live_cmd)
+    until("the drill's rollback", lambda: _rollback_sent(kube, namespace, d.spec.image_v2), 180)
+    proc.kill()
+    proc.wait(30)
+    rl = Rollouts(kube, namespace)
+    lease = safety.parse_lease(_lease(rl.get("svc")))
+    assert lease.get("journal"), "the lease must stay after kill -9 and name the journal"
+    journal = lease["journal"]
+    r = live_cmd("--dry-run")
+    assert r.returncode == 2 and "held by another drill" in r.stderr and journal in r.stderr, r.stderr
+    # someone else moves the Rollout on: restore must not overwrite it
+    rl.set_image("svc", "registry.local/svc:v3", container="app")
+    rv = rl.get("svc")["metadata"]["resourceVersion"]
+    r = drills_cmd("restore", "--journal", journal, "--allow-context", live_cmd.context)
+    assert r.returncode == 2, r.stderr
+    assert "moved on" in r.stderr and "spec.template" in r.stderr and "svc:v3" in r.stderr
+    assert rl.get("svc")["metadata"]["resourceVersion"] == rv
+    # that change undone (the Rollout back where the drill left it): restore finishes and releases the lease
+    rl.set_image("svc", d.spec.image_v1, container="app")
+    r = drills_cmd("restore", "--journal", journal, "--allow-context", live_cmd.context, timeout=400)
+    assert r.returncode == 0, r.stderr
+    ro = rl.get("svc")
+    assert _spec(ro) == original and healthy_at(d.hash_v2)(ro) and _lease(ro) is None
+    assert safety.Journal.load(Path(journal)).state == "restored"
+
+
+# --- 4 and 9: a second signal abandons the restore and keeps the lease; a third is only noted --------------------
+def test_second_signal_abandons_restore_keeps_lease_third_is_noted(kube, namespace, stage_rollout, live_cmd,
+                                                                   drills_cmd):
+    d = stage_rollout()
+    proc, err = _start_live(live_cmd)
+    until("the drill's rollback", lambda: _rollback_sent(kube, namespace, d.spec.image_v2), 180)
+    proc.send_signal(signal.SIGINT)
+    until("restore to start", lambda: err.seen("restore: "), 120)
+    proc.send_signal(signal.SIGINT)
+    until("the restore to be abandoned", lambda: err.seen("restore abandoned"), 60)
+    proc.send_signal(signal.SIGINT)
+    rc = proc.wait(120)
+    err.t.join(10)
+    assert rc == 3, err.text
+    assert "Traceback" not in err.text, err.text
+    ro = Rollouts(kube, namespace).get("svc")
+    lease = safety.parse_lease(_lease(ro))
+    assert lease.get("journal"), "an abandoned restore keeps the lease: a restore is owed"
+    assert safety.Journal.load(Path(lease["journal"])).state == "abandoned"
+    rows = _ledger(live_cmd.reports)
+    assert not any(r["verdict"] == "pass" for r in rows if r["step"] in ("before", "after")), rows
+    r = drills_cmd("restore", "--journal", lease["journal"], "--allow-context", live_cmd.context, timeout=400)
+    assert r.returncode == 0, r.stderr
+    ro = Rollouts(kube, namespace).get("svc")
+    assert healthy_at(d.hash_v2)(ro) and _lease(ro) is None
+
+
+# --- 5: Argo CD's default tracking label ----------------------------------------------------------------------
+def test_argocd_default_tracking_label_is_refused_without_sync_paused(kube, namespace, stage_rollout, live_cmd):
+    from kubernetes import client
+    stage_rollout()
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        "argoproj.io", "v1alpha1", namespace, "rollouts", "svc",
+        {"metadata": {"labels": {"app.kubernetes.io/instance": "svc"}}})
+    r = live_cmd("--dry-run")
+    assert r.returncode == 2 and "Argo CD" in r.stderr and "app.kubernetes.io/instance" in r.stderr, r.stderr
+    r = live_cmd("--dry-run", "--sync-paused")
+    assert r.returncode == 0 and "dry-run: would" in r.stdout, r.stderr
+
+
+# --- 9: valid Rollouts the drill cannot handle -------------------------------------------------------------------
+def _ro(**spec) -> dict:
+    base = {"selector": {"matchLabels": {"app": "x"}},
+            "template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "x", "image": "i"}]}},
+            "strategy": {"canary": {"steps": [{"setWeight": 5}], "trafficRouting": {"istio": {}}}}}
+    base.update(spec)
+    return {"metadata": {"namespace": "ns", "name": "x"}, "spec": base}
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ({"strategy": {"canary": {"trafficRouting": {"istio": {}}}}}, "no steps"),
+    ({"strategy": {"canary": {"steps": None, "trafficRouting": {"istio": {}}}}}, "steps: null"),
+    ({"strategy": {"canary": {"steps": [{"pause": {}}], "trafficRouting": {"istio": {}}}}}, "no canary setWeight"),
+    ({"workloadRef": {"kind": "Deployment", "name": "x"}, "template": None}, "workloadRef"),
+    ({"template": {"spec": {"containers": [{"name": "a", "image": "i"}, {"name": "b", "image": "j"}]}}},
+     "--container"),
+    ({"selector": {}}, "selects nothing"),
+])
+def test_shapes_the_drill_cannot_handle_are_refused(spec, needle):
+    with pytest.raises(Refused, match=needle.replace("-", "\\-")):
+        check_shape(_ro(**spec), None)
+
+
+def test_match_expressions_selector_is_handled():
+    ro = _ro(selector={"matchExpressions": [{"key": "app", "operator": "In", "values": ["x"]}]})
+    assert check_shape(ro, None) == "x"
+
+
+def test_canary_without_steps_on_a_real_rollout_is_exit_2_and_sends_nothing(kube, cluster, namespace, live_cmd):
+    from drills.probe import ProbeSpec, install
+    spec = ProbeSpec(steps=[], name="svc")
+    install(kube, namespace, spec)
+    from kubernetes import client
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        "argoproj.io", "v1alpha1", namespace, "rollouts", "svc",
+        [{"op": "remove", "path": "/spec/strategy/canary/steps"}],
+        _content_type="application/json-patch+json")
+    rv = Rollouts(kube, namespace).get("svc")["metadata"]["resourceVersion"]
+    r = live_cmd()
+    assert r.returncode == 2 and "no steps" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert Rollouts(kube, namespace).get("svc")["metadata"]["resourceVersion"] == rv
