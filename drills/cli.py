@@ -227,7 +227,7 @@ def cmd_probe(args) -> int:
     from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
     from .ledger import new_run_id
     from .probe import observation_dict, run_probe
-    from .pytest_plugin import _drop_namespace, _make_namespace, _ns_name
+    from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
     from .safety import Interrupted, SignalGuard
     spec = _probe_spec(args)
     version = _controller_version_arg(args.controller)
@@ -246,10 +246,10 @@ def cmd_probe(args) -> int:
             return EXIT_INCONCLUSIVE
         api = cl.api_client()
         out_dir = config.reports_dir() / "probes" / new_run_id()
-        ns = _ns_name("probe")
+        ns = namespace_name("probe")
         obs = None
         try:
-            _make_namespace(api, ns)
+            make_namespace(api, ns)
             obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress,
                                audit_log=cl.status().get("audit_log"))
         except Interrupted as e:
@@ -258,7 +258,7 @@ def cmd_probe(args) -> int:
         finally:
             guard.quiet()
             if not args.keep_namespace:
-                _drop_namespace(api, ns)
+                drop_namespace(api, ns)
     reason = obs.inconclusive_reason()
     if args.json:
         d = observation_dict(obs, version, args.routing)

@@ -12,13 +12,16 @@
 from __future__ import annotations
 
 import os
-import re
-import uuid
 from pathlib import Path
 
 import pytest
 
 from . import config as settings
+from .cluster import EmbeddedCluster
+from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
+from .controller_binary import inspect_binary
+from .ledger import Ledger, new_run_id
+from .toolchain import resolve_controller_versions
 
 
 def pytest_addoption(parser):
@@ -52,7 +55,6 @@ def pytest_configure(config):  # noqa: F811 (pytest names the argument)
 
 
 def _versions(pconfig) -> list[str]:
-    from .toolchain import resolve_controller_versions
     spec = pconfig.getoption("--controller") or ",".join(settings.TEST_CONTROLLERS)
     return resolve_controller_versions(spec)
 
@@ -67,13 +69,11 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="session")
 def cluster(controller_version, request):
-    from .cluster import EmbeddedCluster
     binary = request.config.getoption("--controller-binary")
     crds = request.config.getoption("--crds")
     c = EmbeddedCluster()
     kwargs = {}
     if binary:
-        from .controller_binary import inspect_binary
         info = inspect_binary(Path(binary), Path(crds) if crds else None)
         kwargs = {"controller_binary": info.path, "crds_dir": info.crds_dir, "reported_version": info.reported}
     was_up = c.status().get("ready") and c.controller_version == controller_version
@@ -89,47 +89,20 @@ def kube(cluster):
     return cluster.api_client()
 
 
-def _ns_name(prefix: str) -> str:
-    base = re.sub(r"[^a-z0-9-]+", "-", prefix.lower()).strip("-")[:40].strip("-")
-    return f"{base}-{uuid.uuid4().hex[:5]}"
-
-
-def _make_namespace(kube, name: str):
-    from kubernetes import client
-    from .safety import NAMESPACE_LABEL_VALUE
-    client.CoreV1Api(kube).create_namespace(
-        {"metadata": {"name": name, "labels": {settings.NAMESPACE_OPT_IN_LABEL: NAMESPACE_LABEL_VALUE}}})
-
-
-def _drop_namespace(kube, name: str):
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-    from .cluster import Availability
-    try:
-        Availability(kube).clear(name)
-    except ApiException:
-        pass
-    try:
-        client.CoreV1Api(kube).delete_namespace(name)
-    except ApiException as e:
-        if e.status != 404:
-            raise
-
-
 @pytest.fixture
 def namespace(kube, request):
-    name = _ns_name(request.node.name)
-    _make_namespace(kube, name)
+    name = namespace_name(request.node.name)
+    make_namespace(kube, name)
     yield name
-    _drop_namespace(kube, name)
+    drop_namespace(kube, name)
 
 
 @pytest.fixture(scope="module")
 def module_namespace(kube, request):
-    name = _ns_name(Path(str(request.node.fspath)).stem.replace("test_", ""))
-    _make_namespace(kube, name)
+    name = namespace_name(Path(str(request.node.fspath)).stem.replace("test_", ""))
+    make_namespace(kube, name)
     yield name
-    _drop_namespace(kube, name)
+    drop_namespace(kube, name)
 
 
 @pytest.fixture(scope="session")
@@ -142,7 +115,6 @@ def run_dir(request, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def ledger(run_dir, cluster, request):
-    from .ledger import Ledger, new_run_id
     st = cluster.status()
     run_id = request.config.getoption("--drills-run-id") or run_dir.name or new_run_id()
     version = st.get("controller_reported_version") or st["controller_version"]

@@ -34,10 +34,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from . import config, kube
+from .cluster.namespaces import OPT_IN_VALUE as NAMESPACE_LABEL_VALUE
 from .errors import BadInput, Refused
 from .rollout import GROUP, PLURAL, VERSION, Rollouts, app_container_name, healthy, healthy_at
 
-NAMESPACE_LABEL_VALUE = "true"
 LEASE_ANNOTATION = "drills.dev/lease"
 JOURNAL_VERSION = 2
 

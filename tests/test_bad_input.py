@@ -212,7 +212,7 @@ def test_malformed_state_file_status_and_down(tmp_path):
     (folder / "state.json").write_text("{half a state")
     env = dict(os.environ, DRILLS_CACHE=str(cache), DRILLS_CLUSTER="broken")
     # a process of the cluster the state file no longer names (its command line names the kubeconfig)
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", str(folder / "kubeconfig")],
+    orphan = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", str(folder / "kubeconfig")],
                               start_new_session=True)
     try:
         r = subprocess.run([sys.executable, "-m", "drills", "cluster", "status", "--json"], capture_output=True,

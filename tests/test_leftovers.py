@@ -14,7 +14,6 @@ from kubernetes.client.rest import ApiException
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
 from drills.cluster import EmbeddedCluster
-from drills.cluster.embedded import pid_alive
 
 pytestmark = pytest.mark.single_version
 

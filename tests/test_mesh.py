@@ -151,7 +151,7 @@ def test_metrics_are_istio_shaped_and_reporters_differ():
               f'response_code="200",response_flags="-"}} {ok}')
     assert dst_ok in text
     assert 'reporter="destination"' not in "".join(l for l in text.splitlines() if 'response_flags="UH"' in l)
-    assert f'istio_request_duration_milliseconds_count{{reporter="destination"' in text
+    assert 'istio_request_duration_milliseconds_count{reporter="destination"' in text
     assert 'le="5"} ' + str(ok) in text and 'le="1"} 0' in text
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from drills.ledger import Ledger
-from drills.report import (EMULATION_NOTE, EXPOSURE_LABEL, WEIGHT_NOTE, add_report_parser, cmd_report,
+from drills.report import (EMULATION_NOTE, WEIGHT_NOTE, add_report_parser, cmd_report,
                            plot_series, write_matrix, write_run_report)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -99,9 +99,9 @@ class LaneOrder:
         """One Rollout per probe, each in a namespace of its own (the recorder's audit-log check covers every
         VirtualService of its namespace)."""
         if key not in self.drills:
-            from drills.pytest_plugin import _make_namespace, _ns_name
-            ns = _ns_name(f"{self.ns_prefix}-{self.fx[key]['name']}")
-            _make_namespace(self.api, ns)
+            from drills.cluster.namespaces import make_namespace, namespace_name
+            ns = namespace_name(f"{self.ns_prefix}-{self.fx[key]['name']}")
+            make_namespace(self.api, ns)
             self.namespaces.append(ns)
             self.drills[key] = RollbackDrill(self.api, ns, spec_of(self.fx[key]), self.ev, log=self.log,
                                              controller_version=self.version, audit_log=self.audit_log)
@@ -115,11 +115,11 @@ class LaneOrder:
         return out
 
     def close(self):
-        from drills.pytest_plugin import _drop_namespace
+        from drills.cluster.namespaces import drop_namespace
         for d in self.drills.values():
             d.cleanup()
         for ns in self.namespaces:
-            _drop_namespace(self.api, ns)
+            drop_namespace(self.api, ns)
 
     def _lines(self) -> dict:
         if not self.bm:
