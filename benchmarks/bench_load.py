@@ -64,7 +64,7 @@ def sequential(port: int, n: int) -> list[float]:
 def main() -> int:
     from kubernetes import client, config as kconfig
 
-    from drills import config, load, mesh
+    from drills import config, load, mesh, mesh_server
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--kubeconfig", default=str(config.clusters_dir() / config.EMBEDDED_CLUSTER_NAME / "kubeconfig"))
@@ -102,7 +102,7 @@ def main() -> int:
         while not port_file.exists():
             time.sleep(0.05)
         dport = int(port_file.read_text())
-        with mesh.MeshProcess(a.kubeconfig, ns, "web", "web", capacity_rps=100000, folder=tmp) as m:
+        with mesh_server.MeshProcess(a.kubeconfig, ns, "web", "web", capacity_rps=100000, folder=tmp) as m:
             deadline = time.monotonic() + 60
             while m.state()["ready_per_subset"].get("stable", 0) < 2:
                 if time.monotonic() > deadline:

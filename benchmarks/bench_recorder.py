@@ -15,7 +15,7 @@ import uuid
 
 from kubernetes import client
 
-from drills import timeline
+from drills import recorder
 from drills.cluster import EmbeddedCluster
 from drills.pytest_plugin import _drop_namespace, _make_namespace
 
@@ -43,7 +43,7 @@ def main():
               {"destination": {"host": "web", "subset": "stable"}, "weight": 100},
               {"destination": {"host": "web", "subset": "canary"}, "weight": 0}]}]}}
     co.create_namespaced_custom_object(*g, vs)
-    rec = timeline.Recorder(api, ns, "none", f"/tmp/{ns}.timeline.jsonl", audit_log=c.status().get("audit_log"))
+    rec = recorder.Recorder(api, ns, "none", f"/tmp/{ns}.timeline.jsonl", audit_log=c.status().get("audit_log"))
     rec.start()
     sent = {}
     try:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import config
+from . import config, recorder
 from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput  # noqa: F401
 
 
@@ -347,7 +347,7 @@ def cmd_watch(args) -> int:
     audit = args.audit_log or _embedded_audit_log(kc)
     if args.audit_log and not Path(args.audit_log).is_file():
         raise BadInput(f"--audit-log {args.audit_log}: no such file")
-    rec = timeline.Recorder(api, args.namespace, args.rollout, out, audit_log=Path(audit) if audit else None).start()
+    rec = recorder.Recorder(api, args.namespace, args.rollout, out, audit_log=Path(audit) if audit else None).start()
     _progress(f"recording {args.namespace}/{args.rollout} to {out} (read-only)"
               + ("" if exists else "; it does not exist yet: recording from its creation")
               + "; Ctrl-C ends the recording")

@@ -48,7 +48,7 @@ class LaneLoad:
         if url:
             self.url, self.target = url, "live"
         else:
-            from .mesh import MeshProcess
+            from .mesh_server import MeshProcess
             self.mesh = MeshProcess(cluster.kubeconfig, namespace, name, name, capacity_rps=self.CAPACITY_RPS,
                                     folder=self.folder, register=cluster.register_process,
                                     unregister=cluster.unregister_process, seed=7)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import timeline
+from . import recorder, timeline
 from .ledger import FAIL, NOT_APPLICABLE, PASS, Ledger
 from .manifests import apply, docs
 from .rollout import Predicate, Rollouts, healthy, paused
@@ -38,7 +38,7 @@ def first_deploy(api, namespace: str, ws, app, candidate: str, ledger: Ledger, e
     apply(api, namespace, before.text)
     ro = rl.wait(name, healthy(), 180)
     old_hash = ro["status"]["stableRS"]
-    rec = timeline.Recorder(api, namespace, name, evidence_dir / "first-deploy.timeline.jsonl",
+    rec = recorder.Recorder(api, namespace, name, evidence_dir / "first-deploy.timeline.jsonl",
                             audit_log=audit_log).start()
     promotes = 0
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import config, kube
+from . import config, kube, recorder
 from .errors import BadInput, Refused
 from .ledger import FAIL, INCONCLUSIVE, PASS, Ledger, exit_code, new_run_id
 from .probe import ProbeSpec, RollbackDrill, last_set_weight, steps_text
@@ -272,13 +272,12 @@ def _restore(drill, load, journal: Journal, api, guard: SignalGuard, log) -> str
 
 
 def _live_lane(drill: RollbackDrill, ledger: Ledger, steps, cut, template_v1, load=None):
-    from . import timeline
     from .lane_a import ASSERT_PEAK
 
     def rollback(label):
         drill.run_label = label
         path = drill.evidence_dir / f"{label}.timeline.jsonl"
-        drill.recorder = timeline.Recorder(drill.api, drill.ns, drill.name, path).start()
+        drill.recorder = recorder.Recorder(drill.api, drill.ns, drill.name, path).start()
         if load:
             load.start(label)
         if drill.spec.rollback_via == "undo":

@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import timeline
+from . import recorder, timeline
 from .cluster.availability import Availability
 from .ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from .rollout import HASH_LABEL, Predicate, Rollouts, container_images, healthy, healthy_at, paused, with_image
@@ -243,7 +243,7 @@ class RollbackDrill:
         self.version = controller_version
         self.hash_v1 = self.hash_v2 = None
         self.holds: list[str] = []
-        self.recorder: timeline.Recorder | None = None
+        self.recorder: recorder.Recorder | None = None
         self.run_label = None
 
     @property
@@ -294,7 +294,7 @@ class RollbackDrill:
         """Hold the revived pods, start the recorder, roll back to v1."""
         self.run_label = label
         path = self.evidence_dir / f"{label}.timeline.jsonl"
-        self.recorder = timeline.Recorder(self.api, self.ns, self.name, path, audit_log=self.audit_log).start()
+        self.recorder = recorder.Recorder(self.api, self.ns, self.name, path, audit_log=self.audit_log).start()
         if self.spec.availability_control:
             hid = self.availability.hold(self.ns, {HASH_LABEL: self.hash_v1}, self.spec.hold_seconds,
                                          batch=self.spec.batch_release)

@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from . import config
-from .mesh import free_port, require_loopback, stop_process, wait_http
+from .mesh import require_loopback
+from .procs import free_port, stop_process, wait_http
 
 
 class PrometheusError(RuntimeError):

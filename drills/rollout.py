@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from .errors import BadInput
 from .kube import transient as _transient
+from .wait import WaitTimeout
+from .watching import ListWatch
 
 GROUP, VERSION, PLURAL = "argoproj.io", "v1alpha1", "rollouts"
 HASH_LABEL = "rollouts-pod-template-hash"
@@ -39,6 +41,12 @@ KNOWN_SIDECARS = ("istio-proxy", "istio-init", "linkerd-proxy", "linkerd-init", 
 
 api_retry = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(6),
                   wait=wait_exponential(multiplier=0.1, max=2), reraise=True)
+
+
+def conflict_retry(attempts: int = 5):
+    """Retry a write that lost a resourceVersion race (409 Conflict), recomputed each time."""
+    return retry(retry=retry_if_exception(lambda e: isinstance(e, ApiException) and e.status == 409),
+                 stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=0.05, max=0.5), reraise=True)
 
 
 class RolloutShapeError(BadInput):
@@ -109,10 +117,6 @@ def selector_string(selector: dict | None) -> str:
     if not parts:
         raise RolloutShapeError("the Rollout's selector selects nothing (no matchLabels, no matchExpressions)")
     return ",".join(parts)
-
-
-class WaitTimeout(AssertionError):
-    """A named wait ran out of time; says what it waited for and what it last saw."""
 
 
 @dataclass
@@ -345,13 +349,7 @@ class Rollouts:
     def _fresh(self, action, name: str, *args, attempts: int = 5, **kw):
         """Status writes carry the resourceVersion they were computed from; on a conflict (the controller
         wrote in between, so ours was not applied) the write is recomputed from a fresh read."""
-        for i in range(attempts):
-            try:
-                return action(name, *args, **kw)
-            except ApiException as e:
-                if e.status != 409 or i == attempts - 1:
-                    raise
-                time.sleep(0.05 * (i + 1))
+        return conflict_retry(attempts)(action)(name, *args, **kw)
 
     def promote(self, name: str, full: bool = False) -> dict | None:
         if full:
@@ -416,81 +414,68 @@ class Rollouts:
     # --- waits ------------------------------------------------------------------------------------
     def wait(self, name: str, pred: Predicate, timeout: float = 120, progress: Callable[[str], None] | None = None
              ) -> dict:
-        """Wait on a watch of the Rollout until ``pred`` holds; re-lists on a dropped watch."""
-        deadline = time.monotonic() + timeout
-        last = None
-        next_note = time.monotonic() + 15
-        while True:
-            try:
-                lst = self.co.list_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL,
-                                                            field_selector=f"metadata.name={name}")
-            except ApiException as e:
-                if not _transient(e):
-                    raise
-                time.sleep(0.2)
-                continue
-            items = lst.get("items") or []
-            last = items[0] if items else None
-            if pred(last):
-                return last
-            rv = lst["metadata"]["resourceVersion"]
-            w = watch.Watch()
-            try:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                for ev in w.stream(self.co.list_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL,
-                                   field_selector=f"metadata.name={name}", resource_version=rv,
-                                   timeout_seconds=max(1, int(min(remaining, 30)))):
-                    last = ev["object"] if ev["type"] != "DELETED" else None
-                    if pred(last):
-                        w.stop()
-                        return last
-                    if progress and time.monotonic() > next_note:
-                        progress(f"waiting for {pred.name}: {summarize_rollout(last)}")
-                        next_note = time.monotonic() + 15
-                    if time.monotonic() > deadline:
-                        w.stop()
-                        break
-            except ApiException as e:
-                if e.status != 410 and not _transient(e):
-                    raise
-            except Exception as e:  # dropped connection: relist
-                if not _transient(e) and "Connection" not in type(e).__name__:
-                    raise
-            if time.monotonic() > deadline:
-                break
-        raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {pred.name} on rollout "
-                          f"{self.ns}/{name}; last seen: {summarize_rollout(last)}")
+        """Wait on a watch of the Rollout until ``pred`` holds (drills.watching: resumes and relists by itself);
+        WaitTimeout naming the wait and the Rollout as last seen."""
+        last: list = [None]
+        note = [time.monotonic() + 15]
 
-    def wait_replicasets(self, name: str, what: str, fn: Callable[[list], bool], timeout: float = 120) -> list:
-        """Wait until ``fn(owned ReplicaSets)`` holds (a watch on the namespace's ReplicaSets)."""
+        def seen(obj):
+            last[0] = obj
+            if pred(obj):
+                return True
+            if progress and time.monotonic() > note[0]:
+                progress(f"waiting for {pred.name}: {summarize_rollout(obj)}")
+                note[0] = time.monotonic() + 15
+            return False
+
+        lw = ListWatch(self.co.list_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL,
+                       field_selector=f"metadata.name={name}", timeout_seconds=30)
+        if lw.run(lambda items, rv, relisted: seen(items[0] if items else None),
+                  lambda etype, obj: seen(None if etype == "DELETED" else obj),
+                  deadline=time.monotonic() + timeout):
+            return last[0]
+        raise WaitTimeout(f"timed out after {timeout:g}s waiting for {pred.name} on rollout "
+                          f"{self.ns}/{name}; last seen: {summarize_rollout(last[0])}", last[0])
+
+    def wait_replicasets(self, name: str, what: str, fn: Callable[[list[dict]], bool], timeout: float = 120
+                         ) -> list[dict]:
+        """Wait until ``fn(the Rollout's ReplicaSets, as dicts)`` holds, on a watch of its ReplicaSets."""
         ro = self.get(name)
-        deadline = time.monotonic() + timeout
-        rss = []
-        while time.monotonic() < deadline:
-            rss = self.owned_replicasets(ro)
-            if fn(rss):
-                return rss
-            w = watch.Watch()
-            try:
-                for _ in w.stream(self.apps.list_namespaced_replica_set, self.ns,
-                                  timeout_seconds=max(1, int(min(deadline - time.monotonic(), 10)))):
-                    w.stop()
-                    break
-            except Exception as e:
-                if not _transient(e):
-                    raise
-        desc = ", ".join(f"{(r.metadata.labels or {}).get(HASH_LABEL)}: spec {r.spec.replicas} "
-                         f"avail {r.status.available_replicas or 0}" for r in rss)
-        raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what} on rollout {self.ns}/{name}; "
+        uid = ro["metadata"]["uid"]
+        rss: dict[str, dict] = {}
+
+        def owned() -> list[dict]:
+            return [r for r in rss.values() if any(o.get("uid") == uid and o.get("controller")
+                                                   for o in r["metadata"].get("ownerReferences") or [])]
+
+        def on_list(items, rv, relisted):
+            rss.clear()
+            rss.update({i["metadata"]["name"]: i for i in items})
+            return fn(owned())
+
+        def on_event(etype, obj):
+            if etype == "DELETED":
+                rss.pop(obj["metadata"]["name"], None)
+            else:
+                rss[obj["metadata"]["name"]] = obj
+            return fn(owned())
+
+        lw = ListWatch(self.apps.list_namespaced_replica_set, self.ns,
+                       label_selector=selector_string(ro["spec"].get("selector")), timeout_seconds=30)
+        if lw.run(on_list, on_event, deadline=time.monotonic() + timeout):
+            return owned()
+        desc = ", ".join(f"{((r['metadata'].get('labels') or {}).get(HASH_LABEL))}: spec "
+                         f"{(r.get('spec') or {}).get('replicas')} avail "
+                         f"{(r.get('status') or {}).get('availableReplicas') or 0}" for r in owned())
+        raise WaitTimeout(f"timed out after {timeout:g}s waiting for {what} on rollout {self.ns}/{name}; "
                           f"last seen ReplicaSets: {desc or 'none'}")
 
     def wait_scaled_to_zero(self, name: str, pod_hash: str, timeout: float = 120) -> None:
         def done(rss):
             for rs in rss:
-                if (rs.metadata.labels or {}).get(HASH_LABEL) == pod_hash:
-                    return (rs.spec.replicas or 0) == 0 and (rs.status.replicas or 0) == 0
+                if (rs["metadata"].get("labels") or {}).get(HASH_LABEL) == pod_hash:
+                    return ((rs.get("spec") or {}).get("replicas") or 0) == 0 and \
+                        ((rs.get("status") or {}).get("replicas") or 0) == 0
             return False
         self.wait_replicasets(name, f"ReplicaSet {pod_hash} scaled to 0", done, timeout)
 

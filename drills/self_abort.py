@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from . import config, load, mesh, prometheus, timeline
+from . import config, load, mesh_server, prometheus, recorder, timeline
 from .ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED, Ledger, describe_row
 from .probe import ProbeSpec, RollbackDrill, manifests, steps_text
 from .rollout import HASH_LABEL, Predicate, healthy_at
@@ -239,7 +239,7 @@ class SelfAbortDrill:
         a = self.fx["analysis"]
         self.threshold, self.failure_limit = float(a["threshold"]), int(a["failureLimit"])
         self.whole_query = prometheus.error_rate_query(self.fqdn, reporter=a["reporter"], window=a["window"])
-        self.mesh: mesh.MeshProcess | None = None
+        self.mesh: mesh_server.MeshProcess | None = None
         self.prom: prometheus.Prometheus | None = None
         self.load: load.LoadRun | None = None
         self.marks: dict[str, float] = {}
@@ -253,7 +253,7 @@ class SelfAbortDrill:
     def start(self) -> None:
         c = self.cluster
         ev = self.ev / self.step_name
-        self.mesh = mesh.MeshProcess(c.kubeconfig, self.ns, self.spec.name, self.spec.name,
+        self.mesh = mesh_server.MeshProcess(c.kubeconfig, self.ns, self.spec.name, self.spec.name,
                                      capacity_rps=self.fx["mesh"]["capacity_rps"], folder=ev,
                                      register=c.register_process, unregister=c.unregister_process, seed=7)
         self.prom = prometheus.Prometheus(c.folder, {"mesh": f"127.0.0.1:{self.mesh.port}"},
@@ -277,7 +277,7 @@ class SelfAbortDrill:
                                     rate_per_user=lf["rate_per_user"], run_time_s=lf["run_time_s"],
                                     name=self.step_name)
         self._mark("load")
-        d.recorder = timeline.Recorder(self.api, self.ns, self.spec.name,
+        d.recorder = recorder.Recorder(self.api, self.ns, self.spec.name,
                                        self.ev / self.step_name / f"{self.step_name}.timeline.jsonl",
                                        audit_log=d.audit_log).start()
         d.run_label = self.step_name

@@ -160,7 +160,7 @@ def test_non_loopback_bind_is_refused():
         with pytest.raises(mesh.NotLoopback):
             mesh.require_loopback(bad)
     assert mesh.require_loopback("127.0.0.2") == "127.0.0.2"
-    p = subprocess.run([sys.executable, "-m", "drills.mesh", "--kubeconfig", "/nonexistent", "--namespace", NS,
+    p = subprocess.run([sys.executable, "-m", "drills.mesh_server", "--kubeconfig", "/nonexistent", "--namespace", NS,
                         "--virtualservice", "web", "--destinationrule", "web", "--port", "0",
                         "--capacity-rps", "10", "--bind", "0.0.0.0"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "not a loopback address" in p.stderr, p.stderr

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 from kubernetes import client, config as kconfig
 
-from drills import mesh, prometheus
+from drills import mesh, mesh_server, prometheus
 from drills.cluster import Availability
 
 ISTIO = ("networking.istio.io", "v1alpha3")
@@ -72,7 +72,7 @@ def routed(cluster, namespace, api, tmp_path):
     hold = Availability(api).hold(namespace, {mesh.HASH_LABEL: CANARY}, None)
     for i in range(2):
         core.create_namespaced_pod(namespace, _pod(f"web-stable-{i}", STABLE, "registry.local/web:1.0.0"))
-    with mesh.MeshProcess(cluster.kubeconfig, namespace, "web", "web", capacity_rps=20, folder=tmp_path,
+    with mesh_server.MeshProcess(cluster.kubeconfig, namespace, "web", "web", capacity_rps=20, folder=tmp_path,
                           register=cluster.register_process, unregister=cluster.unregister_process,
                           faults_configmap="mesh-faults", seed=1) as m:
         yield m, co, core, namespace, api

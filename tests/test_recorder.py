@@ -1,11 +1,10 @@
 """The flight recorder sees every weight the controller writes, even across a dropped watch."""
 from __future__ import annotations
 
-import time
 
 import pytest
 
-from drills import timeline
+from drills import recorder, timeline
 from drills.probe import ProbeSpec, install
 from drills.rollout import Predicate, healthy, paused
 
@@ -20,24 +19,20 @@ def test_recorder_keeps_a_sub_second_weight_across_a_dropped_watch(kube, cluster
     ro.wait("rec", healthy(), 60)
     ro.set_image("rec", "registry.local/probe:v2")
     ro.wait("rec", Predicate("paused at 25", lambda o: paused()(o) and o["status"].get("currentStepIndex") == 1), 60)
-    rec = timeline.Recorder(kube, namespace, "rec", tmp_path / "rec.timeline.jsonl",
+    rec = recorder.Recorder(kube, namespace, "rec", tmp_path / "rec.timeline.jsonl",
                             audit_log=cluster.status()["audit_log"]).start()
     try:
-        rec.wait_for(lambda rs: any(r["kind"] == "VirtualService" and r["obj"]["http"][0]["route"][1]["weight"] == 25
-                                    for r in rs), 30, "the VirtualService at canary 25")
+        rec.wait_for("the VirtualService at canary 25", lambda rs: any(
+            r["kind"] == "VirtualService" and r["obj"]["http"][0]["route"][1]["weight"] == 25 for r in rs), 30)
         ro.abort("rec")
         # the controller sends traffic back to stable; answer at once with a retry so 0 lasts only briefly
-        rec.wait_for(lambda rs: any(r["kind"] == "VirtualService" and r["obj"]["http"][0]["route"][1]["weight"] == 0
-                                    for r in rs), 30, "the VirtualService at canary 0 after abort")
+        rec.wait_for("the VirtualService at canary 0 after abort", lambda rs: any(
+            r["kind"] == "VirtualService" and r["obj"]["http"][0]["route"][1]["weight"] == 0 for r in rs), 30)
         assert rec.cut_connections() >= 1
         ro.retry("rec")
         seen_before = len(rec.records)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            ws = [w for _, w in timeline.derive(list(rec.records), None).canary_weight]
-            if ws[-2:] == [0, 25]:
-                break
-            time.sleep(0.05)
+        rec.wait_for("canary 25 again after the retry, across the dropped watch", lambda rs: [
+            w for _, w in timeline.derive(rs, None).canary_weight][-2:] == [0, 25], 30)
     finally:
         result = rec.stop()
     d = timeline.derive(rec.records, None)
@@ -86,7 +81,7 @@ def test_watch_command_records_a_rollout_driven_by_hand(kube, cluster, namespace
     proc = subprocess.Popen([sys.executable, "-m", "drills", "watch", "-n", namespace, "byhand", "--kubeconfig",
                              str(cluster.kubeconfig), "--duration", "25s", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    assert "recording" in proc.stderr.readline()      # every watch has listed
     ro.set_image("byhand", "registry.local/probe:v2")
     stdout, stderr = proc.communicate(timeout=90)
     assert proc.returncode == 0, stderr

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from .. import config
+from ..procs import free_port, listening_ports_of, pid_alive, port_in_use, terminate
 from ..toolchain import Toolchain, components_for
 from .stages import load_stages
 
@@ -34,60 +33,6 @@ class ClusterError(RuntimeError):
 
 class ClusterInputError(ClusterError):
     """Bad input or a refused start: an occupied port, a missing binary, an unknown version (exit 2)."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours counts as dead
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def listening_ports_of(pids: list[int]) -> list[int]:
-    """TCP ports in LISTEN state owned by any of the pids (from /proc)."""
-    inodes: set[str] = set()
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if link.startswith("socket:["):
-                    inodes.add(link[8:-1])
-        except OSError:
-            continue
-    ports = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            if parts[3] == "0A" and parts[9] in inodes:
-                ports.append(int(parts[1].rsplit(":", 1)[1], 16))
-    return sorted(set(ports))
 
 
 class EmbeddedCluster:
@@ -438,30 +383,7 @@ class EmbeddedCluster:
 
     @staticmethod
     def _terminate(pid: int, grace: float = 5.0, expect: str | None = None):
-        if not pid_alive(pid):
-            return
-        if expect:
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                return
-            if expect not in cmd:
-                return      # the pid was reused by another program: not ours to stop
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                return
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and pid_alive(pid):
-            time.sleep(0.05)
-        if pid_alive(pid):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        terminate(pid, grace, expect)
 
 
 __all__ = ["EmbeddedCluster", "ClusterError", "ClusterInputError", "free_port", "port_in_use", "pid_alive",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from drills import branches, config, timeline
+from drills import branches, config, recorder, timeline
 from drills.ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, Ledger, describe_row
 from drills.probe import REASON_INCOMPLETE, ProbeSpec, RollbackDrill, steps_text
 from drills.rollout import Predicate, healthy, paused
@@ -170,7 +170,7 @@ class LaneOrder:
         target = rung_count(rung, spec.replicas, spec.min_pods)
         label = f"order-{STEP_MID}"
         d.run_label = label
-        rec = timeline.Recorder(self.api, d.ns, d.name, self.ev / f"{label}.timeline.jsonl",
+        rec = recorder.Recorder(self.api, d.ns, d.name, self.ev / f"{label}.timeline.jsonl",
                                 audit_log=self.audit_log).start()
         d.recorder = rec
         hid = d.availability.hold(d.ns, {APP_LABEL: d.name}, spec.hold_seconds, batch=False)

@@ -1,0 +1,124 @@
+"""Local processes and ports: the project's own servers and children, on 127.0.0.1 only."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from .wait import WaitTimeout, until
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def listening_ports_of(pids: list[int]) -> list[int]:
+    """TCP ports in LISTEN state owned by any of the pids (from /proc)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+        except OSError:
+            continue
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if parts[3] == "0A" and parts[9] in inodes:
+                ports.append(int(parts[1].rsplit(":", 1)[1], 16))
+    return sorted(set(ports))
+
+
+def terminate(pid: int, grace: float = 5.0, expect: str | None = None) -> None:
+    """SIGTERM the process group of ``pid``, SIGKILL after ``grace``.  With ``expect``, only when its command
+    line still contains that text (a reused pid belongs to someone else)."""
+    if not pid_alive(pid):
+        return
+    if expect and expect not in cmdline(pid):
+        return
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+    try:
+        until(f"process {pid} to exit after SIGTERM", lambda: not pid_alive(pid), timeout=grace, interval=0.05)
+    except WaitTimeout:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+class ProcessExited(RuntimeError):
+    """A child exited before it was ready."""
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    """Until ``url`` answers 200; ProcessExited when ``proc`` dies first (with the tail of its log)."""
+    def ready() -> bool:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-2000:] if log and log.exists() else ""
+            raise ProcessExited(f"{url}: process exited with {proc.returncode} before ready\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+    until(f"{url} to answer 200", ready, timeout=timeout, interval=0.1)

@@ -1,0 +1,367 @@
+"""The flight recorder: watches one Rollout and everything around it and writes every change to a JSONL
+timeline (derivations are drills.timeline's).
+
+Every record carries the monotonic and wall time of its arrival and the object's resourceVersion.
+All objects live in one etcd, so resourceVersions order changes across resources.
+
+Completeness: each watch (drills.watching) resumes from the last resourceVersion it delivered after a dropped
+connection, so no change is skipped.  If the apiserver answers 410 (history compacted), the recorder
+re-lists; for the VirtualService the timeline then stays complete only if the re-listed object is the
+one already recorded (same resourceVersion); otherwise it is marked incomplete.  On the embedded cluster
+the apiserver's audit log is the independent proof: every VirtualService resourceVersion it handed out must
+be in the timeline.  A watch that fails for good marks the recording incomplete.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from . import kube
+from .errors import BadInput
+from .rollout import HASH_LABEL, app_container_name, container_images, selector_string
+from .timeline import ROUTE_KINDS
+from .wait import WaitTimeout, until
+from .watching import ListWatch
+
+
+class RecorderError(RuntimeError):
+    """The recording could not start (a watch did not list in time, or failed)."""
+
+
+# --- condensing objects into records ----------------------------------------------------------------
+def _rollout(o: dict) -> dict:
+    spec, st = o.get("spec") or {}, o.get("status") or {}
+    canary = (spec.get("strategy") or {}).get("canary") or {}
+    weights = (st.get("canary") or {}).get("weights") or {}
+    template = spec.get("template") or {}
+    istio = ((canary.get("trafficRouting") or {}).get("istio") or {})
+    vs = istio.get("virtualService") or {}
+    ping_pong = canary.get("pingPong") or {}
+    try:
+        app = app_container_name(template, rollout_name=(o.get("metadata") or {}).get("name"))
+    except BadInput:
+        app = None
+    images = container_images(template)
+    return {
+        "generation": o["metadata"].get("generation"), "replicas": spec.get("replicas", 1),
+        "steps": canary.get("steps"), "image": images.get(app) if app else None, "images": images,
+        "canaryService": canary.get("canaryService"), "stableService": canary.get("stableService"),
+        "pingService": ping_pong.get("pingService"), "pongService": ping_pong.get("pongService"),
+        "virtualService": vs.get("name"),
+        "vsRoutes": {"http": vs.get("routes"), "tls": vs.get("tlsRoutes"), "tcp": vs.get("tcpRoutes")},
+        "destinationRule": istio.get("destinationRule"),
+        "status": {
+            "currentStepIndex": st.get("currentStepIndex"), "phase": st.get("phase"), "abort": st.get("abort", False),
+            "promoteFull": st.get("promoteFull", False), "stableRS": st.get("stableRS"),
+            "currentPodHash": st.get("currentPodHash"), "observedGeneration": st.get("observedGeneration"),
+            "canaryWeight": (weights.get("canary") or {}).get("weight"),
+            "stableWeight": (weights.get("stable") or {}).get("weight"),
+            "stablePingPong": (st.get("canary") or {}).get("stablePingPong"),
+            "pauseConditions": [p.get("reason") for p in st.get("pauseConditions") or []],
+            "message": st.get("message"), "availableReplicas": st.get("availableReplicas"),
+        },
+    }
+
+
+def _replicaset(o: dict) -> dict:
+    md, spec, st = o["metadata"], o.get("spec") or {}, o.get("status") or {}
+    return {"hash": (md.get("labels") or {}).get(HASH_LABEL),
+            "revision": (md.get("annotations") or {}).get("rollout.argoproj.io/revision"),
+            "created": md.get("creationTimestamp"), "spec_replicas": spec.get("replicas", 0),
+            "replicas": st.get("replicas", 0), "ready": st.get("readyReplicas", 0),
+            "available": st.get("availableReplicas", 0),
+            "image": ((((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])[0]).get("image")}
+
+
+def _pod(o: dict) -> dict:
+    md, st = o["metadata"], o.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+    return {"hash": (md.get("labels") or {}).get(HASH_LABEL), "phase": st.get("phase"), "ready": ready,
+            "deleting": md.get("deletionTimestamp") is not None}
+
+
+def _virtualservice(o: dict) -> dict:
+    """Every route of every kind (http, tls, tcp) with its destinations and weights."""
+    spec = o.get("spec") or {}
+    out: dict = {}
+    for kind in ROUTE_KINDS:
+        routes = []
+        for i, r in enumerate(spec.get(kind) or []):
+            routes.append({"name": r.get("name") or f"{kind}[{i}]",
+                           "route": [{"host": (d.get("destination") or {}).get("host"),
+                                      "subset": (d.get("destination") or {}).get("subset"),
+                                      "weight": d.get("weight", 0)} for d in r.get("route") or []]})
+        out[kind] = routes
+    return out
+
+
+def _destinationrule(o: dict) -> dict:
+    return {"subsets": {s.get("name"): s.get("labels") or {} for s in (o.get("spec") or {}).get("subsets") or []}}
+
+
+def _analysisrun(o: dict) -> dict:
+    st = o.get("status") or {}
+    return {"phase": st.get("phase"), "message": st.get("message"),
+            "metrics": {m.get("name"): {"phase": m.get("phase"), "count": m.get("count"), "failed": m.get("failed"),
+                                         "last": ((m.get("measurements") or [{}])[-1]).get("value")}
+                        for m in st.get("metricResults") or []}}
+
+
+def _event(o: dict) -> dict:
+    inv = o.get("involvedObject") or {}
+    return {"reason": o.get("reason"), "message": o.get("message"), "type": o.get("type"),
+            "involved": f"{inv.get('kind')}/{inv.get('name')}", "count": o.get("count")}
+
+
+@dataclass
+class Source:
+    kind: str
+    list_fn: Callable
+    args: tuple
+    condense: Callable[[dict], dict]
+    kwargs: dict = field(default_factory=dict)
+
+
+# --- the recorder ------------------------------------------------------------------------------------
+class Recorder:
+    def __init__(self, api: client.ApiClient, namespace: str, rollout: str, out: Path, log=None,
+                 audit_log: Path | None = None):
+        self.api = api
+        self.audit_log = Path(audit_log) if audit_log else None
+        self.started_wall = time.time()
+        self.ns = namespace
+        self.rollout = rollout
+        self.out = Path(out)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.log = log or (lambda m: None)
+        self.records: list[dict] = []
+        self.lock = threading.Lock()
+        self.seq = 0
+        self.stop_flag = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.loops: dict[str, ListWatch] = {}
+        self.failures: dict[str, str] = {}
+        self.incomplete_reasons: list[str] = []
+        self.ready: dict[str, threading.Event] = {}
+        self._fh = open(self.out, "w")
+        self.listeners: list[Callable[[dict], None]] = []
+        self.audit_checked: int | None = None
+        self.notes: list[str] = []
+
+    def _sources(self) -> list[Source]:
+        co = client.CustomObjectsApi(self.api)
+        apps = client.AppsV1Api(self.api)
+        core = client.CoreV1Api(self.api)
+        sel = None
+        try:
+            ro = co.get_namespaced_custom_object("argoproj.io", "v1alpha1", self.ns, "rollouts", self.rollout)
+            sel = selector_string(ro["spec"].get("selector"))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            # recorded from its creation: ReplicaSets and Pods of the whole namespace until it exists
+            self.notes.append(f"rollout {self.ns}/{self.rollout} did not exist when the recording started: "
+                              "ReplicaSets and Pods of the whole namespace are recorded")
+        except BadInput as e:
+            self.notes.append(f"no label selector ({e}): ReplicaSets and Pods of the whole namespace are recorded")
+        lab = {"label_selector": sel} if sel else {}
+        return [
+            Source("Rollout", co.list_namespaced_custom_object, ("argoproj.io", "v1alpha1", self.ns, "rollouts"),
+                   _rollout, {"field_selector": f"metadata.name={self.rollout}"}),
+            Source("ReplicaSet", apps.list_namespaced_replica_set, (self.ns,), _replicaset, dict(lab)),
+            Source("Pod", core.list_namespaced_pod, (self.ns,), _pod, dict(lab)),
+            Source("VirtualService", co.list_namespaced_custom_object,
+                   ("networking.istio.io", "v1alpha3", self.ns, "virtualservices"), _virtualservice),
+            Source("DestinationRule", co.list_namespaced_custom_object,
+                   ("networking.istio.io", "v1alpha3", self.ns, "destinationrules"), _destinationrule),
+            Source("AnalysisRun", co.list_namespaced_custom_object, ("argoproj.io", "v1alpha1", self.ns, "analysisruns"),
+                   _analysisrun),
+            Source("Event", core.list_namespaced_event, (self.ns,), _event),
+        ]
+
+    # --- writing ------------------------------------------------------------------------------------
+    def _emit(self, rec: dict) -> dict:
+        with self.lock:
+            self.seq += 1
+            rec = {"seq": self.seq, "t": time.monotonic(), "wall": time.time(), **rec}
+            self.records.append(rec)
+            self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            self._fh.flush()
+        for fn in self.listeners:
+            try:
+                fn(rec)
+            except Exception:
+                pass
+        return rec
+
+    def mark(self, label: str, rv: str | None = None, **extra) -> dict:
+        """An action of the drill, placed in resourceVersion order by ``rv`` (the response's RV)."""
+        return self._emit({"kind": "Mark", "type": "MARK", "name": label, "rv": rv, "obj": extra})
+
+    # --- watching ------------------------------------------------------------------------------------
+    def start(self, timeout: float = 15) -> "Recorder":
+        for src in self._sources():
+            self.ready[src.kind] = threading.Event()
+            self.loops[src.kind] = ListWatch(src.list_fn, *src.args, **src.kwargs)
+            t = threading.Thread(target=self._loop, args=(src,), daemon=True, name=f"rec-{src.kind}")
+            t.start()
+            self.threads.append(t)
+        try:
+            until("every watch of the recorder to list", lambda: [k for k, e in self.ready.items() if not e.is_set()],
+                  lambda pending: not pending, timeout, describe=lambda pending: f"not yet listed: {pending}")
+        except WaitTimeout as e:
+            self.stop()
+            raise RecorderError(f"recorder: {e}") from None
+        if self.failures:
+            self.stop()
+            raise RecorderError(f"recorder: {'; '.join(self.failures.values())}")
+        return self
+
+    def _loop(self, src: Source):
+        kind = src.kind
+        known: dict[str, str] = {}
+        lw = self.loops[kind]
+
+        def on_list(items, rv, relisted):
+            seen = set()
+            for item in items:
+                name = item["metadata"]["name"]
+                seen.add(name)
+                irv = item["metadata"]["resourceVersion"]
+                if known.get(name) != irv:
+                    if relisted and kind == "VirtualService":
+                        self.incomplete_reasons.append(
+                            f"VirtualService {name} changed during a watch gap (rv {known.get(name)} -> {irv})")
+                    self._emit({"kind": kind, "type": "RELIST" if relisted else "INITIAL", "name": name,
+                                "rv": irv, "obj": src.condense(item)})
+                    known[name] = irv
+            for name in list(known):
+                if name not in seen:
+                    if kind == "VirtualService":
+                        self.incomplete_reasons.append(f"VirtualService {name} deleted during a watch gap")
+                    self._emit({"kind": kind, "type": "DELETED", "name": name, "rv": rv, "obj": {}})
+                    del known[name]
+            self.ready[kind].set()
+
+        def on_event(etype, obj):
+            name, orv = obj["metadata"]["name"], obj["metadata"]["resourceVersion"]
+            if etype == "DELETED":
+                known.pop(name, None)
+            else:
+                known[name] = orv
+            self._emit({"kind": kind, "type": etype, "name": name, "rv": orv, "obj": src.condense(obj)})
+
+        def on_gap(reason):
+            self._emit({"kind": kind, "type": "GAP", "name": "", "rv": None, "obj": {"reason": reason}})
+
+        try:
+            lw.run(on_list, on_event, on_gap)
+        except Exception as e:       # a watch that cannot go on: the recording is not complete
+            self.failures[kind] = kube.describe(e, kube.server_of(self.api), f"the {kind} watch")
+            self.incomplete_reasons.append(self.failures[kind])
+            self.ready[kind].set()
+
+    @property
+    def reconnects(self) -> dict:
+        return {k: lw.reconnects for k, lw in self.loops.items() if lw.reconnects}
+
+    def cut_connections(self) -> int:
+        """Drop every watch connection (as a network fault would); the recorder must resume."""
+        return sum(1 for lw in list(self.loops.values()) if lw.cut())
+
+    def stop(self) -> dict:
+        self.stop_flag.set()
+        for lw in list(self.loops.values()):
+            lw.stop()
+        for t in self.threads:
+            t.join(timeout=5)
+        if self.audit_log:
+            writes = audit_virtualservice_writes(self.audit_log, self.ns, since_wall=self.started_wall)
+            missing = missing_virtualservice_versions(self.records, writes)
+            self.audit_checked = len(writes)
+            if missing:
+                self.incomplete_reasons.append(
+                    f"the apiserver's audit log has VirtualService resourceVersions the timeline lacks: {missing}")
+        with self.lock:
+            complete = not self.incomplete_reasons
+            self._emit_footer(complete)
+            self._fh.close()
+        return {"complete": complete, "reasons": list(self.incomplete_reasons), "reconnects": dict(self.reconnects),
+                "audit_writes_checked": self.audit_checked, "audit_log_checked": self.audit_log is not None,
+                "notes": list(self.notes)}
+
+    def _emit_footer(self, complete: bool):
+        self.seq += 1
+        rec = {"seq": self.seq, "t": time.monotonic(), "wall": time.time(), "kind": "Recorder", "type": "END",
+               "name": "", "rv": None, "obj": {"complete": complete, "reasons": self.incomplete_reasons,
+                                               "reconnects": self.reconnects,
+                                               "audit_writes_checked": self.audit_checked,
+                                               "audit_log_checked": self.audit_log is not None,
+                                               "notes": self.notes}}
+        self.records.append(rec)
+        self._fh.write(json.dumps(rec) + "\n")
+
+    @property
+    def complete(self) -> bool:
+        return not self.incomplete_reasons
+
+    def snapshot(self) -> list[dict]:
+        """The records so far (a copy; the recording goes on)."""
+        with self.lock:
+            return list(self.records)
+
+    def wait_for(self, name: str, pred: Callable[[list[dict]], bool], timeout: float) -> list[dict]:
+        """A named wait on the recording: until ``pred(records so far)`` holds."""
+        return until(name, self.snapshot, pred, timeout, describe=lambda recs: f"{len(recs)} records")
+
+
+# --- proof from the apiserver's audit log (embedded cluster) -----------------------------------------------
+def audit_virtualservice_writes(audit_log: Path, namespace: str, name: str | None = None,
+                                since_wall: float | None = None) -> list[dict]:
+    """Successful writes of VirtualServices in ``namespace`` as the apiserver recorded them:
+    [{"rv", "verb", "user", "time" (wall, ResponseComplete), "weights"}]."""
+    out = []
+    try:
+        fh = open(audit_log)
+    except FileNotFoundError:
+        return out
+    with fh:
+        for line in fh:
+            if '"virtualservices"' not in line:
+                continue
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            ref = ev.get("objectRef") or {}
+            if ref.get("resource") != "virtualservices" or ref.get("namespace") != namespace:
+                continue
+            if name and ref.get("name") != name:
+                continue
+            if ev.get("verb") not in ("create", "update", "patch") or ev.get("stage") != "ResponseComplete":
+                continue
+            if (ev.get("responseStatus") or {}).get("code", 200) >= 300:
+                continue
+            resp = ev.get("responseObject") or {}
+            rv = (resp.get("metadata") or {}).get("resourceVersion")
+            ts = ev.get("stageTimestamp")
+            wall = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() if ts else None
+            if since_wall and wall and wall < since_wall:
+                continue
+            out.append({"rv": rv, "verb": ev.get("verb"), "user": (ev.get("user") or {}).get("username"),
+                        "time": wall, "name": ref.get("name"), "weights": _virtualservice(resp) if resp else None})
+    return out
+
+
+def missing_virtualservice_versions(records: list[dict], audit_writes: list[dict]) -> list[str]:
+    """resourceVersions the apiserver handed out for the VirtualService that the timeline lacks."""
+    have = {r["rv"] for r in records if r["kind"] == "VirtualService"}
+    return [w["rv"] for w in audit_writes if w["rv"] and w["rv"] not in have]
