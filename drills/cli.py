@@ -1,40 +1,54 @@
-"""The `drills` command."""
+"""The `drills` command: every subcommand's arguments, and every error mapped to an exit code.
+
+Exit codes of every drill command: 0 all pass, 1 a fail, 2 bad input or a refused target (nothing mutated),
+3 inconclusive (drills.errors).  Nothing in the package imports this module.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 from pathlib import Path
 
-from . import config, recorder
-from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput  # noqa: F401
+from . import config, kube, lanes, legs, runner
+from .branches import SourceMapError, find_branches, source_file
+from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
+from .cluster.embedded import audit_log_for
+from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
+from .controller_binary import ControllerBinaryError, inspect_binary
+from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
+from .fleet import Fleet, base_sources
+from .helm import Helm, HelmError
+from .ledger import new_run_id
+from .live import run_live
+from .probe import observation_dict, run_probe
+from .recorder import watch_rollout
+from .renderdiff import render_diff
+from .report import is_run_dir, write_matrix
+from .safety import restore_journal
+from .shapes import RolloutSpec
+from .signals import Interrupted, SignalGuard
+from .steps import parse_steps
+from .toolchain import BuildError, Toolchain, components_for, resolve_controller_versions
+from .toolchain.build import optional_components
+
+MAX_PROBE_REPLICAS = 100
+MAX_HOLD_SECONDS = 600.0
 
 
 def _err(msg: str) -> None:
     print(f"drills: {msg}", file=sys.stderr, flush=True)
 
 
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 # --- toolchain -------------------------------------------------------------------------------
-def cmd_toolchain_build(args) -> int:
-    from .toolchain import BuildError, Toolchain, UnknownVersion, components_for, resolve_controller_versions
-    try:
-        versions = resolve_controller_versions(args.controller)
-    except UnknownVersion as e:
-        raise BadInput(str(e))
-    extras = _extras_arg(args.extra)
-    tc = Toolchain()
-    try:
-        tc.ensure(components_for(versions, extras))
-    except BuildError as e:
-        _err(str(e))
-        return EXIT_FAIL
-    print(f"toolchain ready in {tc.root}: controllers {', '.join(versions)}")
-    return EXIT_OK
-
-
 def _extras_arg(spec: str | None) -> list[str]:
-    from .toolchain.build import optional_components
     known = list(optional_components())
     extras = [e.strip() for e in (spec or "").split(",") if e.strip()]
     unknown = [e for e in extras if e not in known]
@@ -43,8 +57,19 @@ def _extras_arg(spec: str | None) -> list[str]:
     return extras
 
 
+def cmd_toolchain_build(args) -> int:
+    versions = resolve_controller_versions(args.controller)
+    tc = Toolchain()
+    try:
+        tc.ensure(components_for(versions, _extras_arg(args.extra)))
+    except BuildError as e:
+        _err(str(e))
+        return EXIT_FAIL
+    print(f"toolchain ready in {tc.root}: controllers {', '.join(versions)}")
+    return EXIT_OK
+
+
 def cmd_toolchain_list(args) -> int:
-    from .toolchain import Toolchain
     rows = Toolchain().listing()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -57,23 +82,17 @@ def cmd_toolchain_list(args) -> int:
 
 
 # --- cluster ----------------------------------------------------------------------------------
-def _controller_version_arg(spec: str | None) -> str:
-    from .toolchain import UnknownVersion, resolve_controller_versions
-    try:
-        versions = resolve_controller_versions(spec)
-    except UnknownVersion as e:
-        raise BadInput(str(e))
+def _one_version(spec: str | None) -> str:
+    versions = resolve_controller_versions(spec)
     if len(versions) != 1:
-        raise BadInput("cluster up takes one controller version")
+        raise BadInput("give one controller version")
     return versions[0]
 
 
 def cmd_cluster_up(args) -> int:
-    from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
-    from .toolchain import BuildError
     if args.api_port is not None and not 1024 <= args.api_port <= 65535:
         raise BadInput(f"--api-port {args.api_port}: give a port in 1024..65535")
-    version = _controller_version_arg(args.controller)
+    version = _one_version(args.controller)
     try:
         st = EmbeddedCluster().up(version, build=not args.no_build, api_port=args.api_port)
     except ClusterInputError as e:
@@ -81,17 +100,16 @@ def cmd_cluster_up(args) -> int:
     except (ClusterError, BuildError) as e:
         _err(str(e))
         return EXIT_FAIL
-    print(json.dumps({k: st[k] for k in ("ready", "controller_version", "kubeconfig", "api_server")}))
+    print(json.dumps({k: st.get(k) for k in ("ready", "controller_version", "kubeconfig", "api_server")}))
     return EXIT_OK
 
 
 def cmd_cluster_status(args) -> int:
-    from .cluster import EmbeddedCluster
     st = EmbeddedCluster().status()
     if args.json:
         print(json.dumps(st, indent=2))
-    elif not st.get("ready") and "cluster" not in st:
-        print("no embedded cluster")
+    elif "processes" not in st:
+        print(st.get("error") or "no embedded cluster")
     else:
         print(f"cluster {st['cluster']}: {'ready' if st['ready'] else 'NOT ready'}, controller "
               f"{st['controller_version']}, api {st['api_server']}, kubeconfig {st['kubeconfig']}")
@@ -102,43 +120,28 @@ def cmd_cluster_status(args) -> int:
 
 
 def cmd_cluster_down(args) -> int:
-    from .cluster import EmbeddedCluster
     EmbeddedCluster().down()
     return EXIT_OK
 
 
 # --- run ---------------------------------------------------------------------------------------
-def cmd_run(args) -> int:
-    from .runner import resolve_lanes, run, summary_table
-    from .toolchain import UnknownVersion, resolve_controller_versions
+def _binary(args) -> runner.Binary | None:
+    if not args.controller_binary:
+        for flag, given in (("--source", args.source), ("--crds", args.crds)):
+            if given:
+                raise BadInput(f"{flag} goes with --controller-binary (a release's lines and CRDs come from its own "
+                               f"module)")
+        return None
     try:
-        lanes = resolve_lanes(args.lanes)
-    except ValueError as e:
-        raise BadInput(str(e))
-    env = {"DRILLS_AVAILABILITY_CONTROL": args.availability_control, "DRILLS_ROLLBACK_VIA": args.rollback_via}
-    if args.keep_cluster:
-        env["DRILLS_KEEP_CLUSTER"] = "1"
-    if args.controller_binary:
-        from .controller_binary import ControllerBinaryError, inspect_binary
-        try:
-            info = inspect_binary(Path(args.controller_binary), Path(args.crds) if args.crds else None)
-        except ControllerBinaryError as e:
-            raise BadInput(str(e))
-        versions = [info.nearest_release]
-        env.update({"DRILLS_CONTROLLER_BINARY": str(info.path), "DRILLS_CRDS": str(info.crds_dir)})
-        if args.source:
-            from .branches import SourceMapError, find_branches, source_file
-            try:
-                env["DRILLS_SOURCE"] = str(find_branches(source_file(Path(args.source))).source)
-            except (SourceMapError, OSError) as e:
-                raise BadInput(str(e))
-    elif args.source:
-        raise BadInput("--source goes with --controller-binary (a release's lines come from its own module)")
-    else:
-        try:
-            versions = resolve_controller_versions(args.controller)
-        except UnknownVersion as e:
-            raise BadInput(str(e))
+        info = inspect_binary(Path(args.controller_binary), Path(args.crds) if args.crds else None)
+        source = find_branches(source_file(Path(args.source))).source if args.source else None
+    except (ControllerBinaryError, SourceMapError, OSError) as e:
+        raise BadInput(str(e)) from None
+    return runner.Binary(path=info.path, crds=info.crds_dir, reported=info.reported, label=info.version,
+                         source=Path(source) if source else None, release=info.nearest_release)
+
+
+def cmd_run(args) -> int:
     live_target = args.kubeconfig or args.context or args.namespace or args.rollout
     live_only = [flag for flag, on in (("--dry-run", args.dry_run), ("--service-url", args.service_url),
                                        ("--sync-paused", args.sync_paused), ("--allow-context", args.allow_context),
@@ -146,62 +149,42 @@ def cmd_run(args) -> int:
     if live_only and not live_target:
         raise BadInput(f"{', '.join(live_only)}: live mode only; name the live target with --kubeconfig/--context "
                        f"--namespace --rollout (the embedded job has nothing to dry-run)")
+    if args.jobs is not None and not 1 <= args.jobs <= 64:
+        raise BadInput(f"-j {args.jobs}: give 1..64 legs at a time")
+    keys = lanes.resolve(args.lanes)
+    shard = legs.parse_shard(args.shard)
+    binary = _binary(args)
     if live_target:
-        from .live import run_live
         return run_live(args)
-    from .toolchain import BuildError, Toolchain, components_for
-    try:
-        Toolchain().ensure(components_for([] if args.controller_binary else versions,
-                                          ["registry"] if "b" in lanes else []))
-    except BuildError as e:
-        _err(str(e))
-        return EXIT_FAIL
-    if args.controller_binary:
-        # start it once before the lanes: a binary that does not run as a rollouts controller is bad input
-        from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
-        try:
-            EmbeddedCluster().up(versions[0], controller_binary=info.path, crds_dir=info.crds_dir,
-                                 reported_version=info.reported)
-        except ClusterInputError as e:
-            raise BadInput(str(e))
-        except ClusterError as e:
-            if "rollouts controller" in str(e):
-                raise BadInput(f"--controller-binary {info.path} does not start as a rollouts controller: {e}")
-            _err(str(e))
-            return EXIT_FAIL
-    from .ledger import combine_exit_codes
-    pytest_args = []
-    variants = ["stage", "prod"] if args.variant == "both" else [args.variant]
-    code = 0
-    run_dir = None
-    all_rows = []
-    try:
-        for variant in variants:
-            env["DRILLS_LANE_A_VARIANT"] = variant
-            lanes_v = lanes if variant == variants[0] else [k for k in lanes if k == "a"]
-            if not lanes_v:
-                continue
-            c, run_dir, all_rows = run(versions, lanes_v, run_dir=run_dir, pytest_args=pytest_args, env_extra=env,
-                                       tag="" if variant == "stage" else f"-{variant}")
-            code = combine_exit_codes(code, c)
-    finally:
-        if not args.keep_cluster:
-            from .cluster import EmbeddedCluster
-            EmbeddedCluster().down(quiet=True)
-    print(summary_table(all_rows))
+    versions = [binary.release] if binary else resolve_controller_versions(args.controller)
+    plan = legs.plan(versions, keys, args.variant, label=binary.label if binary else None)
+    durations = legs.read_durations(Path(args.durations) if args.durations else None)
+    doc = legs.plan_document(plan, durations, shard, args.durations or str(legs.durations_file()))
+    if args.plan:
+        if args.json:
+            print(json.dumps(doc, indent=2))
+        else:
+            for leg in doc["legs"]:
+                print(f"{leg['id']:<40} shard {leg['shard']}  ~{leg['estimate_s']:.0f}s")
+            print(f"{len(doc['legs'])} of {doc['total_legs']} leg(s); plan {doc['plan_digest']}")
+        return EXIT_OK
+    chosen = [x for x in plan if x.id in {d["id"] for d in doc["legs"]}]
+    env = {"DRILLS_AVAILABILITY_CONTROL": args.availability_control, "DRILLS_ROLLBACK_VIA": args.rollback_via}
+    if binary:
+        env.update({"DRILLS_CONTROLLER_BINARY": str(binary.path), "DRILLS_CRDS": str(binary.crds)})
+        if binary.source:
+            env["DRILLS_SOURCE"] = str(binary.source)
+    meta = {"plan_digest": doc["plan_digest"], "shard": doc["shard"], "total_legs": doc["total_legs"],
+            "all_legs": [x.id for x in plan]}
+    code, run_dir, rows = runner.run(chosen, jobs=args.jobs, env=env, binary=binary, keep_cluster=args.keep_cluster,
+                                     meta=meta, log=_progress)
+    print(runner.summary_table(rows))
     print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  matrix: {run_dir.parent / 'matrix.html'}")
     return code
 
 
 # --- probe -------------------------------------------------------------------------------------
-MAX_PROBE_REPLICAS = 100
-MAX_HOLD_SECONDS = 600.0
-
-
-def _probe_spec(args):
-    import math
-
-    from .probe import ProbeSpec, parse_steps
+def _probe_spec(args) -> RolloutSpec:
     try:
         steps = parse_steps(args.steps)
     except ValueError as e:
@@ -218,23 +201,21 @@ def _probe_spec(args):
         raise BadInput(f"--hold {args.hold}: give seconds in (0, {MAX_HOLD_SECONDS:.0f}] (--hold must be positive)")
     if not 0 <= args.scale_down_delay <= 3600:
         raise BadInput(f"--scale-down-delay {args.scale_down_delay}: give 0..3600 seconds")
-    return ProbeSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
-                     hold_seconds=args.hold, availability_control=args.availability_control == "on",
-                     rollback_via=args.rollback_via, scale_down_delay=args.scale_down_delay)
+    return RolloutSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
+                       hold_seconds=args.hold, availability_control=args.availability_control == "on",
+                       rollback_via=args.rollback_via, scale_down_delay=args.scale_down_delay)
 
 
 def cmd_probe(args) -> int:
-    from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
-    from .ledger import new_run_id
-    from .probe import observation_dict, run_probe
-    from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
-    from .safety import Interrupted, SignalGuard
     spec = _probe_spec(args)
-    version = _controller_version_arg(args.controller)
+    version = _one_version(args.controller)
     cl = EmbeddedCluster(log=_progress)
+    out_dir = config.reports_dir() / "probes" / new_run_id()
     with SignalGuard() as guard:
         try:
             cl.up(version)
+            api = cl.api_client()
+            ns = make_namespace(api, namespace_name("probe"))
         except ClusterInputError as e:
             raise BadInput(str(e).splitlines()[0])
         except ClusterError as e:
@@ -242,16 +223,10 @@ def cmd_probe(args) -> int:
             return EXIT_FAIL
         except Interrupted as e:
             guard.quiet()
-            _err(f"probe {e} while the cluster started")
+            _err(f"probe {e} before its Rollout existed")
             return EXIT_INCONCLUSIVE
-        api = cl.api_client()
-        out_dir = config.reports_dir() / "probes" / new_run_id()
-        ns = namespace_name("probe")
-        obs = None
         try:
-            make_namespace(api, ns)
-            obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress,
-                               audit_log=cl.status().get("audit_log"))
+            obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=cl.status().get("audit_log"))
         except Interrupted as e:
             _err(f"probe {e}; its namespace {ns} is removed; evidence so far: {out_dir}")
             return EXIT_INCONCLUSIVE
@@ -261,10 +236,8 @@ def cmd_probe(args) -> int:
                 drop_namespace(api, ns)
     reason = obs.inconclusive_reason()
     if args.json:
-        d = observation_dict(obs, version, args.routing)
-        d["inconclusive_reason"] = reason
-        d["steps"] = args.steps
-        print(json.dumps(d, indent=2))
+        print(json.dumps(dict(observation_dict(obs, version, args.routing), inconclusive_reason=reason,
+                              steps=args.steps), indent=2))
     else:
         print(f"controller {version}, routing {args.routing}, steps [{args.steps}], replicas {args.replicas}, "
               f"minPodsPerReplicaSet {args.min_pods}")
@@ -283,14 +256,8 @@ def cmd_probe(args) -> int:
     return EXIT_OK
 
 
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# --- watch --------------------------------------------------------------------------------------
-def _parse_duration(text: str) -> float:
-    import math
-    import re
+# --- watch, restore --------------------------------------------------------------------------------
+def _duration(text: str) -> float:
     m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?", text.strip(), re.ASCII)
     if not m:
         raise BadInput(f"--duration {text!r}: use e.g. 90s, 5m")
@@ -300,7 +267,7 @@ def _parse_duration(text: str) -> float:
     return seconds
 
 
-def _writable_out(path: str) -> Path:
+def _writable(path: str) -> Path:
     out = Path(path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -311,124 +278,75 @@ def _writable_out(path: str) -> Path:
     return out
 
 
-def _embedded_audit_log(kubeconfig: str) -> str | None:
-    """The audit log of the embedded cluster whose kubeconfig this is (None for any other cluster)."""
-    from .cluster import EmbeddedCluster
-    folder = Path(kubeconfig).resolve().parent
-    if folder.parent != config.clusters_dir().resolve():
-        return None
-    st = EmbeddedCluster(folder.name).state()
-    return st.get("audit_log") if st else None
-
-
 def cmd_watch(args) -> int:
-    import time as _time
-
-    from kubernetes.client.rest import ApiException
-
-    from . import kube, timeline
-    from .rollout import Rollouts, healthy
-    from .safety import Interrupted, SignalGuard
     if not args.until_healthy and not args.duration:
         raise BadInput("give --until-healthy or --duration")
-    duration = _parse_duration(args.duration) if args.duration else None
-    out = _writable_out(args.out)
-    kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
-    api = kube.new_client(kc, ctx)
-    try:
-        Rollouts(api, args.namespace).get(args.rollout)
-        exists = True
-    except ApiException as e:
-        if e.status != 404:
-            raise kube.unreachable(e, api, f"reading rollout {args.namespace}/{args.rollout}") from None
-        exists = False
-    except Exception as e:
-        raise kube.unreachable(e, api, f"reading rollout {args.namespace}/{args.rollout}") from None
-    audit = args.audit_log or _embedded_audit_log(kc)
+    duration = _duration(args.duration) if args.duration else None
     if args.audit_log and not Path(args.audit_log).is_file():
         raise BadInput(f"--audit-log {args.audit_log}: no such file")
-    rec = recorder.Recorder(api, args.namespace, args.rollout, out, audit_log=Path(audit) if audit else None).start()
-    _progress(f"recording {args.namespace}/{args.rollout} to {out} (read-only)"
-              + ("" if exists else "; it does not exist yet: recording from its creation")
-              + "; Ctrl-C ends the recording")
-    t0 = _time.monotonic()
-    with SignalGuard() as guard:
-        try:
-            while True:
-                if duration and _time.monotonic() - t0 >= duration:
-                    break
-                if args.until_healthy and _time.monotonic() - t0 > 2:
-                    try:
-                        ro = Rollouts(api, args.namespace).get(args.rollout)
-                        if healthy()(ro) and ro["status"].get("stableRS") == ro["status"].get("currentPodHash"):
-                            break
-                    except ApiException as e:
-                        if e.status != 404:
-                            raise
-                rec.stop_flag.wait(0.5)
-        except Interrupted:
-            _progress("recording ended by a signal")
-        finally:
-            guard.quiet()
-    result = rec.stop()
-    d = timeline.derive(rec.records, None)
-    series_path = timeline.series_path(out)
-    series = d.series(f"{args.namespace}/{args.rollout}")
-    series_path.write_text(json.dumps(series, indent=1))
-    summary = {"timeline": str(out), "series": str(series_path), "complete": result["complete"],
-               "incomplete_reasons": result["reasons"], "notes": result["notes"],
-               "audit_log_checked": result["audit_log_checked"],
-               "audit_writes_checked": result["audit_writes_checked"],
-               "peak_canary_weight_while_partial": d.peak_canary_weight_while_partial,
-               "partial_window_observed": d.partial_window_observed,
-               "exposure_seconds": round(d.exposure_seconds, 3),
-               "exposure_windows": series["exposure"], "partial_windows": series["partial"],
-               "canary_weights": series["canary_weight"]}
-    print(json.dumps(summary, indent=2))
-    return EXIT_OK if result["complete"] else EXIT_INCONCLUSIVE
-
-
-# --- restore ------------------------------------------------------------------------------------
-def cmd_restore(args) -> int:
-    from . import kube
-    from .cluster.embedded import pid_alive
-    from .safety import Interrupted, Journal, SignalGuard, check_context, check_namespace, restore_with_guard
-    j = Journal.load(Path(args.journal))
-    if j.state == "restored":
-        print(f"journal {j.path} was already restored ({j.data.get('restored_at', 'earlier')}): nothing to do")
-        return EXIT_OK
-    pid = j.data.get("pid")
-    if isinstance(pid, int) and pid != os.getpid() and pid_alive(pid) and j.state == "open" and \
-            "drills" in _cmdline(pid):
-        raise BadInput(f"the drill that wrote {j.path} is still running (pid {pid}); it restores on exit "
-                       f"(signal it once with SIGINT)")
-    kc, ctx = j.data.get("kubeconfig"), j.data.get("context")
-    if not kc or not ctx:
-        raise BadInput(f"journal {j.path}: names no kubeconfig/context to restore on")
-    check_context(ctx, embedded=False, allow=args.allow_context)
+    out = _writable(args.out)
+    kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
     api = kube.new_client(kc, ctx)
-    for ns in sorted({k.split("/", 1)[0] for k in j.data["rollouts"]}):
-        check_namespace(api, ns)
-    with SignalGuard() as guard:
-        try:
-            ok = restore_with_guard(j, api, log=_progress, guard=guard)
-        except Interrupted:
-            return EXIT_INCONCLUSIVE
-        finally:
-            guard.quiet()
-    return EXIT_OK if ok else EXIT_INCONCLUSIVE
+    audit = args.audit_log or audit_log_for(kc)
+    summary = watch_rollout(api, args.namespace, args.rollout, out, duration, args.until_healthy,
+                            audit_log=Path(audit) if audit else None, progress=_progress)
+    print(json.dumps(summary, indent=2))
+    return EXIT_OK if summary["complete"] else EXIT_INCONCLUSIVE
 
 
-def _cmdline(pid: int) -> str:
+def cmd_restore(args) -> int:
+    return EXIT_OK if restore_journal(Path(args.journal), args.allow_context, log=_progress) else EXIT_INCONCLUSIVE
+
+
+# --- render-diff, report, lanes --------------------------------------------------------------------
+def cmd_render_diff(args) -> int:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+        with Helm() as helm:
+            d = render_diff(Fleet(args.fleet, args.apps_dir), args.app, args.env, args.from_version, args.to_version,
+                            helm, sources=base_sources(args.charts))
+    except HelmError as e:
+        _err(str(e))
+        return EXIT_FAIL
+    print(json.dumps(d.to_dict(), indent=2, default=str) if args.json else d.format())
+    return EXIT_OK
 
 
+def cmd_report(args) -> int:
+    given = list(args.run_dir or [])
+    missing = [d for d in given if not Path(d).exists()]
+    if missing:
+        raise BadInput(f"no such run folder: {', '.join(map(str, missing))}")
+    if args.merge:
+        merged = runner.merge([Path(d) for d in given], log=_progress)
+        print(merged)
+        given = [str(merged)]
+    for d in given:
+        if not is_run_dir(Path(d)):
+            _err(f"report: {d} is not a run folder (no ledger.json): ignored")
+    html_path, md_path = write_matrix([Path(d) for d in given] if given and not args.merge else None,
+                                      config.reports_dir(), strict=True)
+    print(html_path)
+    print(md_path)
+    return EXIT_OK
+
+
+def cmd_lanes(args) -> int:
+    rows = lanes.describe()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    for r in rows:
+        print(f"{r['key']:<6} {r['title']}\n       data {r['data']}; tests {r['tests']}; versions "
+              f"{', '.join(r['versions']) or 'none'}" + (f"; unverified {', '.join(r['unverified'])}"
+                                                        if r["unverified"] else ""))
+    return EXIT_OK
+
+
+# --- the parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="drills", description="Rollback drills against Argo Rollouts canaries.")
     sub = p.add_subparsers(dest="command", required=True)
+    versions = ", ".join(config.SUPPORTED_CONTROLLERS)
 
     tc = sub.add_parser("toolchain", help="build and list the binaries drills runs")
     tcs = tc.add_subparsers(dest="sub", required=True)
@@ -441,26 +359,31 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_toolchain_list)
 
-    from .report import add_report_parser
-    add_report_parser(sub)
-    from .renderdiff import add_render_diff_parser
-    add_render_diff_parser(sub)
-
-    rn = sub.add_parser("run", help="the main job: drills per controller version, into reports/<run-id>")
-    rn.add_argument("--controller", default=None,
-                    help=f"version(s), comma-separated, or 'all' ({', '.join(config.SUPPORTED_CONTROLLERS)}); "
-                         f"default {config.DEFAULT_CONTROLLER}")
-    rn.add_argument("--lanes", default=None, help="a,b,abort,order or all (default a,b)")
-    rn.add_argument("--variant", choices=["stage", "prod", "both"], default="stage",
+    rn = sub.add_parser("run", help="the main job: drill legs on embedded clusters into reports/<run-id>, or live mode",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="A run is a list of legs, one per (controller version, lane, variant).")
+    rn.add_argument("--controller", default=None, help=f"version(s), comma-separated, or 'all' ({versions}); "
+                                                       f"default {config.DEFAULT_CONTROLLER}")
+    rn.add_argument("--lanes", default=None, help=f"{','.join(lanes.REGISTRY)} or all (default "
+                                                  f"{','.join(lanes.DEFAULT_LANES)})")
+    rn.add_argument("--variant", choices=legs.VARIANT_MODES, default="stage",
                     help="lane A fixture: the seed's stage shape, the prod-shaped one, or both")
     rn.add_argument("--availability-control", choices=["on", "off"], default="on")
     rn.add_argument("--rollback-via", choices=["gitops", "undo"], default="gitops")
+    rn.add_argument("-j", "--jobs", type=int, default=None,
+                    help="legs at a time (default: what the machine holds: 3 per core, at most one per "
+                         f"{runner.MEM_PER_LEG_GIB:g} GiB of available memory, at most the number of legs; here "
+                         f"{runner.default_jobs()})")
+    rn.add_argument("--plan", action="store_true", help="print the legs the run would execute and start nothing")
+    rn.add_argument("--json", action="store_true", help="with --plan: JSON")
+    rn.add_argument("--shard", default=None, help="I/N: run shard I of N (legs balanced by measured durations)")
+    rn.add_argument("--durations", default=None,
+                    help="leg durations to balance shards with (JSON: leg id -> seconds; default: the cache's)")
     rn.add_argument("--controller-binary", default=None, help="run against a rollouts-controller you built")
-    rn.add_argument("--crds", default=None, help="CRD folder for --controller-binary (default: nearest release)")
+    rn.add_argument("--crds", default=None, help="CRD folder for --controller-binary")
     rn.add_argument("--source", default=None,
-                    help="source of --controller-binary (tree root, folder or rollout/trafficrouting.go): the "
-                         "branch lines of lane order (without it: 'lines unknown')")
-    rn.add_argument("--keep-cluster", action="store_true", help="leave the embedded cluster up afterwards")
+                    help="source tree of --controller-binary (its CRDs, and the branch lines of lane order)")
+    rn.add_argument("--keep-cluster", action="store_true", help="leave the embedded clusters up afterwards")
     live = rn.add_argument_group("live mode (a stage Rollout, under the safety rules)")
     live.add_argument("--kubeconfig", default=None)
     live.add_argument("--context", default=None)
@@ -511,6 +434,30 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--allow-context", action="append", default=[])
     rs.set_defaults(func=cmd_restore)
 
+    rd = sub.add_parser("render-diff", help="render an app with two base chart versions and list what changes")
+    rd.add_argument("--app", required=True, help="the app (release name or Application name)")
+    rd.add_argument("--env", required=True, help="environment: the apps/<env>.yaml list it is declared in")
+    rd.add_argument("--from", dest="from_version", required=True, help="base chart version to render first")
+    rd.add_argument("--to", dest="to_version", required=True, help="base chart version to compare with")
+    rd.add_argument("--json", action="store_true", help="print JSON")
+    rd.add_argument("--fleet", default=None, help="fleet folder (default: fixtures/fleet)")
+    rd.add_argument("--apps-dir", default="apps", help="folder of the per-environment app lists, in the fleet")
+    rd.add_argument("--charts", default=None, help="base chart source folders (default: fixtures/charts/base)")
+    rd.set_defaults(func=cmd_render_diff)
+
+    rp = sub.add_parser("report", help="merge run folders into reports/matrix.html and reports/matrix.md",
+                        description="Render each run's report and merge run folders into a controller-version x "
+                                    "assertion matrix. Default: every run folder under the reports directory. "
+                                    "Entries that are not run folders are ignored.")
+    rp.add_argument("run_dir", nargs="*", metavar="RUN_DIR", help="run folders (reports/<run-id>)")
+    rp.add_argument("--merge", action="store_true",
+                    help="merge shard run folders into one run folder (as if one machine had run them)")
+    rp.set_defaults(func=cmd_report)
+
+    ln = sub.add_parser("lanes", help="the registered lanes: key, title, data folder, versions with expectations")
+    ln.add_argument("--json", action="store_true")
+    ln.set_defaults(func=cmd_lanes)
+
     cl = sub.add_parser("cluster", help="the embedded default cluster")
     cls = cl.add_subparsers(dest="sub", required=True)
     up = cls.add_parser("up", help="start (or reuse) the embedded cluster with controller V")
@@ -532,7 +479,6 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:
         return EXIT_BAD_INPUT if e.code not in (0, None) else EXIT_OK
-    from .safety import Interrupted
     try:
         return args.func(args)
     except BadInput as e:

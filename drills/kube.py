@@ -156,6 +156,12 @@ def transient(e: BaseException) -> bool:
     return is_connection_error(e)
 
 
+def conflict_retry(attempts: int = 5):
+    """Retry a write that lost a resourceVersion race (409 Conflict), recomputed each time."""
+    return retry(retry=retry_if_exception(lambda e: isinstance(e, ApiException) and e.status == 409),
+                 stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=0.05, max=0.5), reraise=True)
+
+
 read_retry = retry(retry=retry_if_exception(transient), stop=stop_after_attempt(4),
                    wait=wait_exponential(multiplier=0.2, max=2), reraise=True)
 

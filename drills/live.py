@@ -20,10 +20,15 @@ from dataclasses import dataclass
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import config, kube, recorder
+from . import config, kube
 from .errors import BadInput, Refused
-from .ledger import FAIL, INCONCLUSIVE, PASS, Ledger, exit_code, new_run_id
-from .probe import ProbeSpec, RollbackDrill, last_set_weight, steps_text
+from .kit import DrillRollout
+from .lanes.a_live import LiveLaneA
+from .lanes.base import LaneContext
+from .ledger import INCONCLUSIVE, Ledger, exit_code, new_run_id
+from .phases import PhasedLoad
+from .shapes import RolloutSpec
+from .steps import cut_final_full_weight, steps_text
 from .rollout import (HASH_LABEL, RolloutShapeError, Rollouts, app_container_name, container_images, healthy,
                       selector_string, with_image)
 from .safety import (LEASE_ANNOTATION, Interrupted, Journal, SignalGuard, check_context, check_namespace,
@@ -184,9 +189,7 @@ def run_live(args, log=None) -> int:
         raise kube.unreachable(e, api, "live preflight") from None
     ro, app = pre["rollout"], pre["app"]
     steps = ro["spec"]["strategy"]["canary"]["steps"]
-    cut = list(steps)
-    while cut and "setWeight" in cut[-1] and cut[-1]["setWeight"] == 100:
-        cut = cut[:-1]
+    cut = cut_final_full_weight(steps)
     template_v1 = rollback_template(ro, pre["target_template"], app)
     image_v1 = container_images(template_v1)[app]
     image_v2 = container_images(ro["spec"]["template"])[app]
@@ -206,13 +209,12 @@ def run_live(args, log=None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version)
     journal = Journal(run_dir / "journal.json", kubeconfig=target.kubeconfig, context=target.context, run_id=run_id)
-    spec = ProbeSpec(steps=steps, replicas=ro["spec"].get("replicas", 1), name=target.rollout,
-                     availability_control=False, rollback_via=args.rollback_via, container=app,
-                     image_v1=image_v1, image_v2=image_v2)
-    drill = RollbackDrill(api, target.namespace, spec, run_dir / "live", journal=journal, log=log,
-                          controller_version=version)
-    drill.hash_v1 = pre["target"].metadata.labels.get(HASH_LABEL)
-    drill.hash_v2 = ro["status"]["stableRS"]
+    spec = RolloutSpec(steps=steps, replicas=ro["spec"].get("replicas", 1), name=target.rollout,
+                       availability_control=False, rollback_via=args.rollback_via, container=app,
+                       image_v1=image_v1, image_v2=image_v2)
+    drill = DrillRollout(api, target.namespace, spec, run_dir / "live", journal=journal, log=log,
+                         controller_version=version)
+    drill.adopt(revived=pre["target"].metadata.labels.get(HASH_LABEL), stable=ro["status"]["stableRS"])
     journal.before_spec_change(ro)
     rc = 0
     load = None
@@ -221,9 +223,11 @@ def run_live(args, log=None) -> int:
         try:
             set_lease(api, target.namespace, target.rollout, lease_value(run_id, journal.path))
             if target.service_url:
-                from .lane_a import LaneLoad
-                load = LaneLoad(None, target.namespace, target.rollout, run_dir / "load", url=target.service_url)
-            _live_lane(drill, ledger, steps, cut, template_v1, load)
+                load = PhasedLoad(None, target.namespace, target.rollout, run_dir / "load", lane="a",
+                                  url=target.service_url)
+            ctx = LaneContext(api=api, namespace=target.namespace, evidence_dir=run_dir / "live", ledger=ledger,
+                              version=version, variant="live", log=log)
+            LiveLaneA(ctx, drill, steps, cut, template_v1, load).run()
         except Interrupted as e:
             log(f"live drill {e}; restoring")
             ledger.record("a", "interrupted", "drill completed", "completed", str(e), INCONCLUSIVE,
@@ -269,60 +273,6 @@ def _restore(drill, load, journal: Journal, api, guard: SignalGuard, log) -> str
         return "failed"
     finally:
         guard.quiet()
-
-
-def _live_lane(drill: RollbackDrill, ledger: Ledger, steps, cut, template_v1, load=None):
-    from .lane_a import ASSERT_PEAK
-
-    def rollback(label):
-        drill.run_label = label
-        path = drill.evidence_dir / f"{label}.timeline.jsonl"
-        drill.recorder = recorder.Recorder(drill.api, drill.ns, drill.name, path).start()
-        if load:
-            load.start(label)
-        if drill.spec.rollback_via == "undo":
-            res = drill.ro.undo(drill.name)
-        else:
-            res = drill.ro.gitops_rollback(drill.name, template_v1)
-        drill.recorder.mark("rollback", rv=(res or {}).get("metadata", {}).get("resourceVersion"))
-        try:
-            drill.wait_settled()
-        finally:
-            extra = None
-            if load and load.run:
-                _, extra = load.phases(ledger, label, list(drill.recorder.records), drill.hash_v1)
-                load.run = None
-        return drill.finish(extra_series=extra)
-
-    obs = rollback("before")
-    v, r = obs.verdict(last_set_weight(steps))
-    ledger.record("a", "before", ASSERT_PEAK, last_set_weight(steps), obs.peak_canary_weight_while_partial, v,
-                  evidence=obs.timeline, reason=r, mode="live", series_text=obs.describe())
-    drill.cut_steps(cut)
-    before = drill.ro.get(drill.name)["spec"]["template"]
-    meant = container_images(with_image(before, drill.spec.container, drill.spec.image_v2))
-    drill.deploy(drill.spec.image_v2)
-    rolled = _stable_images(drill)
-    ok = rolled == meant
-    ledger.record("a", "redeploy", "the redeploy changes only the application container's image",
-                  meant, rolled, PASS if ok else FAIL, mode="live", container=drill.spec.container)
-    if not ok:
-        raise RuntimeError(f"the redeployed ReplicaSet runs {rolled}, not the template the drill meant ({meant})")
-    drill.wait_scaled_to_zero(drill.hash_v1, timeout=600)
-    obs = rollback("after")
-    v, r = obs.verdict(last_set_weight(cut))
-    ledger.record("a", "after", ASSERT_PEAK, last_set_weight(cut), obs.peak_canary_weight_while_partial, v,
-                  evidence=obs.timeline, reason=r, mode="live", series_text=obs.describe())
-
-
-def _stable_images(drill: RollbackDrill) -> dict:
-    """The container images of the ReplicaSet the Rollout now runs as stable."""
-    ro = drill.ro.get(drill.name)
-    stable = ro["status"].get("stableRS")
-    for rs in drill.ro.owned_replicasets(ro):
-        if (rs.metadata.labels or {}).get(HASH_LABEL) == stable:
-            return container_images(client.ApiClient().sanitize_for_serialization(rs.spec.template))
-    return {}
 
 
 __all__ = ["run_live", "preflight", "check_inputs", "LiveRefused"]

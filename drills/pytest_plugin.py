@@ -20,6 +20,8 @@ from . import config as settings
 from .cluster import EmbeddedCluster
 from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from .controller_binary import inspect_binary
+from .lanes import LaneContext
+from .lanes import get as lane_class
 from .ledger import Ledger, new_run_id
 from .toolchain import resolve_controller_versions
 
@@ -129,3 +131,24 @@ def evidence_dir(run_dir, controller_version) -> Path:
     d = run_dir / controller_version
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+@pytest.fixture(scope="module")
+def lane(request, kube, cluster, module_namespace, evidence_dir, ledger, controller_version):
+    """The runbook of the module's lane (``pytestmark = pytest.mark.lane("<key>")``), closed afterwards."""
+    marker = request.node.get_closest_marker("lane")
+    if marker is None:
+        raise pytest.UsageError(f"{request.node.nodeid}: the lane fixture needs pytestmark = pytest.mark.lane(key)")
+    cls = lane_class(marker.args[0])
+    opts = request.config.getoption
+    variant = opts("--lane-a-variant") if opts("--lane-a-variant") in cls.variants else cls.variants[0]
+    source = opts("--source") or os.environ.get("DRILLS_SOURCE")
+    ctx = LaneContext(api=kube, namespace=module_namespace, evidence_dir=evidence_dir, ledger=ledger,
+                      version=controller_version, cluster=cluster, audit_log=cluster.status().get("audit_log"),
+                      variant=variant,
+                      options={"availability_control": opts("--availability-control") == "on",
+                               "rollback_via": opts("--rollback-via"), "source": source, "crds": opts("--crds"),
+                               "user_built": bool(opts("--controller-binary"))})
+    runbook = cls(ctx)
+    yield runbook
+    runbook.close()

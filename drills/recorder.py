@@ -26,8 +26,9 @@ from kubernetes.client.rest import ApiException
 
 from . import kube
 from .errors import BadInput
-from .rollout import HASH_LABEL, app_container_name, container_images, selector_string
-from .timeline import ROUTE_KINDS
+from .rollout import HASH_LABEL, Rollouts, app_container_name, container_images, healthy, selector_string
+from .signals import Interrupted, SignalGuard
+from .timeline import ROUTE_KINDS, derive, series_path
 from .wait import WaitTimeout, until
 from .watching import ListWatch
 
@@ -365,3 +366,57 @@ def missing_virtualservice_versions(records: list[dict], audit_writes: list[dict
     """resourceVersions the apiserver handed out for the VirtualService that the timeline lacks."""
     have = {r["rv"] for r in records if r["kind"] == "VirtualService"}
     return [w["rv"] for w in audit_writes if w["rv"] and w["rv"] not in have]
+
+
+# --- `drills watch`: a read-only recording of one Rollout ----------------------------------------------------
+def watch_rollout(api, namespace: str, rollout: str, out: Path, duration: float | None, until_healthy: bool,
+                  audit_log: Path | None = None, progress=print) -> dict:
+    """Record until the duration ends, the Rollout is Healthy at its new revision, or a signal; returns the
+    summary `drills watch` prints (timeline, series, completeness, the derived windows and weights)."""
+    rl = Rollouts(api, namespace)
+    try:
+        rl.get(rollout)
+        exists = True
+    except ApiException as e:
+        if e.status != 404:
+            raise kube.unreachable(e, api, f"reading rollout {namespace}/{rollout}") from None
+        exists = False
+    except Exception as e:
+        raise kube.unreachable(e, api, f"reading rollout {namespace}/{rollout}") from None
+    rec = Recorder(api, namespace, rollout, out, audit_log=audit_log).start()
+    progress(f"recording {namespace}/{rollout} to {out} (read-only)"
+             + ("" if exists else "; it does not exist yet: recording from its creation") + "; Ctrl-C ends it")
+    t0 = time.monotonic()
+
+    def done() -> bool:
+        if duration and time.monotonic() - t0 >= duration:
+            return True
+        if until_healthy and time.monotonic() - t0 > 2:
+            try:
+                ro = rl.get(rollout)
+            except ApiException as e:
+                if e.status == 404:
+                    return False
+                raise
+            return healthy()(ro) and ro["status"].get("stableRS") == ro["status"].get("currentPodHash")
+        return False
+    with SignalGuard() as guard:
+        try:
+            until("the end of the recording", done, lambda v: v, timeout=duration + 60 if duration else 10 ** 7,
+                  interval=0.5)
+        except Interrupted:
+            progress("recording ended by a signal")
+        finally:
+            guard.quiet()
+    result = rec.stop()
+    d = derive(rec.records, None)
+    sp = series_path(out)
+    series = d.series(f"{namespace}/{rollout}")
+    sp.write_text(json.dumps(series, indent=1))
+    return {"timeline": str(out), "series": str(sp), "complete": result["complete"],
+            "incomplete_reasons": result["reasons"], "notes": result["notes"],
+            "audit_log_checked": result["audit_log_checked"], "audit_writes_checked": result["audit_writes_checked"],
+            "peak_canary_weight_while_partial": d.peak_canary_weight_while_partial,
+            "partial_window_observed": d.partial_window_observed, "exposure_seconds": round(d.exposure_seconds, 3),
+            "exposure_windows": series["exposure"], "partial_windows": series["partial"],
+            "canary_weights": series["canary_weight"]}

@@ -27,6 +27,7 @@ from kubernetes.client.rest import ApiException
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from .errors import BadInput
+from .kube import conflict_retry
 from .kube import transient as _transient
 from .wait import WaitTimeout
 from .watching import ListWatch
@@ -41,12 +42,6 @@ KNOWN_SIDECARS = ("istio-proxy", "istio-init", "linkerd-proxy", "linkerd-init", 
 
 api_retry = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(6),
                   wait=wait_exponential(multiplier=0.1, max=2), reraise=True)
-
-
-def conflict_retry(attempts: int = 5):
-    """Retry a write that lost a resourceVersion race (409 Conflict), recomputed each time."""
-    return retry(retry=retry_if_exception(lambda e: isinstance(e, ApiException) and e.status == 409),
-                 stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=0.05, max=0.5), reraise=True)
 
 
 class RolloutShapeError(BadInput):

@@ -1,39 +1,55 @@
-"""The main job: run the lanes per controller version on a fresh embedded cluster each, into one run folder.
+"""The main job: a run's legs (drills.legs) executed on embedded clusters, concurrently, into one run folder.
 
-Each version runs the lane tests in its own pytest process (a clean process per cluster), all writing to
-the same ledger.  At the end: a summary table, the run's report, the matrix, and ``reports/latest``.
+One embedded cluster per controller version (named apart: ``<base>-v1-8-2``, ports free, all on 127.0.0.1),
+brought up by the runner before the first leg of that version and taken down after its last one.  Each leg is
+one pytest process over its lane's folder (lanes/<key>/), in namespaces of its own with its own holds, recorder
+and load; every leg appends to the run's ledger (a file lock makes concurrent writers safe).  ``jobs`` legs run
+at once.  Binaries build in the background while the legs whose binaries are ready already run.  The console
+shows each leg's start and end and, every half minute, what runs and which leg is the slowest.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from . import config
-from .ledger import FAIL, INCONCLUSIVE, combine_exit_codes, exit_code, new_run_id, read_rows
+from . import config, legs as legsmod
+from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
+from .errors import BadInput, combine_exit_codes
+from .lanes import REGISTRY
+from .ledger import FAIL, INCONCLUSIVE, PASS, exit_code, new_run_id, read_rows
+from .legs import Leg
+from .report import write_matrix, write_run_report
+from .toolchain import BuildError, Toolchain, components_for
 
-LANES = {"a": "lane_a", "b": "lane_b", "abort": "lane_abort", "order": "lane_order"}
-DEFAULT_LANES = ("a", "b")
+STATUS_EVERY_S = 30.0
+MEM_PER_LEG_GIB = 1.5        # a cluster (~0.9 GiB) shared by its legs, each leg's pytest, mesh, Locust, Prometheus
 
 
-def resolve_lanes(spec: str | None) -> list[str]:
-    if not spec:
-        return list(DEFAULT_LANES)
-    out = []
-    for item in [s.strip() for s in spec.split(",") if s.strip()]:
-        if item == "all":
-            out.extend(k for k in LANES if k not in out)
-        elif item in LANES:
-            if item not in out:
-                out.append(item)
-        else:
-            raise ValueError(f"unknown lane {item!r}: choose from {', '.join(LANES)} or all")
-    missing = [k for k in out if not (config.project_root() / "lanes" / LANES[k]).is_dir()]
-    if missing:
-        raise ValueError(f"lane(s) {', '.join(missing)} are not in this checkout")
-    return out
+def default_jobs(n_legs: int | None = None) -> int:
+    """What the machine can hold: three legs per core (they mostly wait on the controller and on holds), and
+    no more than the memory holds at MEM_PER_LEG_GIB each; at least 1, at most the number of legs."""
+    cores = os.cpu_count() or 1
+    try:
+        mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / 2 ** 30
+    except (ValueError, OSError):
+        mem_gib = 4.0
+    j = max(1, min(3 * cores, int(mem_gib // MEM_PER_LEG_GIB)))
+    return min(j, n_legs) if n_legs else j
+
+
+def cluster_name(version: str, versions: int = 2) -> str:
+    """The embedded cluster of one controller version in a run: the default cluster's name when the run has one
+    version (so `drills cluster status` finds a kept cluster), else that name plus the version."""
+    base = os.environ.get("DRILLS_CLUSTER") or config.EMBEDDED_CLUSTER_NAME
+    return base if versions == 1 else f"{base}-{version.replace('.', '-')}"
 
 
 def link_latest(run_dir: Path) -> None:
@@ -45,40 +61,224 @@ def link_latest(run_dir: Path) -> None:
     os.replace(tmp, latest)
 
 
-def run(versions: list[str], lanes: list[str], run_dir: Path | None = None, pytest_args: list[str] | None = None,
-        env_extra: dict | None = None, log=None, tag: str = "") -> tuple[int, Path, list[dict]]:
+@dataclass
+class Binary:
+    """A user-built controller: the release its cluster stands in for, and how to start it."""
+    path: Path
+    crds: Path
+    reported: str
+    label: str
+    source: Path | None = None
+    release: str = config.DEFAULT_CONTROLLER
+
+
+@dataclass
+class LegResult:
+    leg: Leg
+    rc: int = -1
+    started: float = 0.0
+    ended: float = 0.0
+    log: Path | None = None
+    error: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+
+@dataclass
+class Run:
+    legs: list[Leg]
+    run_dir: Path
+    jobs: int
+    env: dict = field(default_factory=dict)
+    binary: Binary | None = None
+    keep_cluster: bool = False
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)
+
+    def __post_init__(self):
+        self.run_id = self.run_dir.name
+        self.results: dict[str, LegResult] = {}
+        self.lock = threading.Lock()
+        self.changed = threading.Event()
+        self.built: set[str] = set()
+        self.build_error: str | None = None
+        self.clusters: dict[str, EmbeddedCluster] = {}
+        self.cluster_locks = {v: threading.Lock() for v in {x.controller for x in self.legs}}
+        self.left = {v: sum(1 for x in self.legs if x.controller == v) for v in self.cluster_locks}
+
+    # --- binaries, in the background -----------------------------------------------------------------------
+    def _needs(self, leg: Leg) -> set[str]:
+        comps = components_for([] if self.binary else [leg.controller], list(REGISTRY[leg.lane].extras))
+        return {c.key for c in comps if c.name != "helm"} | ({"helm@" + config.HELM_VERSION}
+                                                            if leg.lane == "b" else set())
+
+    def _build_all(self) -> None:
+        tc = Toolchain(log=self.log)
+        order = []
+        for leg in self.legs:                   # in plan order: the first legs' components first
+            for c in components_for([] if self.binary else [leg.controller], list(REGISTRY[leg.lane].extras)):
+                if c.key not in [o.key for o in order]:
+                    order.append(c)
+        try:
+            for comp in order:
+                tc.ensure([comp])
+                with self.lock:
+                    self.built.add(comp.key)
+                self.changed.set()
+        except (BuildError, BadInput) as e:
+            self.build_error = str(e)
+            self.changed.set()
+
+    def _ready(self, leg: Leg) -> bool:
+        return self._needs(leg) <= self.built
+
+    # --- clusters ------------------------------------------------------------------------------------------
+    def _cluster(self, version: str) -> EmbeddedCluster:
+        with self.cluster_locks[version]:
+            c = self.clusters.get(version)
+            if c is None:
+                c = EmbeddedCluster(cluster_name(version, len(self.cluster_locks)), log=self.log)
+                kw = {}
+                if self.binary:
+                    kw = {"controller_binary": self.binary.path, "crds_dir": self.binary.crds,
+                          "reported_version": self.binary.reported}
+                self.log(f"run {self.run_id}: cluster {c.name} for {self.binary.label if self.binary else version}")
+                c.up(version, build=False, **kw)
+                self.clusters[version] = c
+            return c
+
+    def _leg_done(self, version: str) -> None:
+        with self.cluster_locks[version]:
+            self.left[version] -= 1
+            if self.left[version] == 0 and not self.keep_cluster and version in self.clusters:
+                self.clusters.pop(version).down(quiet=True)
+
+    # --- one leg ----------------------------------------------------------------------------------------------
+    def _run_leg(self, leg: Leg, res: LegResult) -> None:
+        try:
+            cluster = self._cluster(leg.controller)
+            res.log = self.run_dir / "legs" / f"{leg.slug}.log"
+            res.log.parent.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, "-m", "pytest", "-p", "no:locust", "-p", "no:cacheprovider", "-q", "-rfE",
+                   "--no-header", "--controller", leg.controller, "--lane-a-variant", leg.variant,
+                   "--drills-run-dir", str(self.run_dir), "--drills-run-id", self.run_id,
+                   f"--junitxml={self.run_dir / f'junit-{leg.slug}.xml'}", str(REGISTRY[leg.lane].tests_dir())]
+            env = dict(os.environ, **self.env, DRILLS_CLUSTER=cluster.name, DRILLS_KEEP_CLUSTER="1")
+            with open(res.log, "w") as out:
+                res.rc = subprocess.call(cmd, cwd=str(config.project_root()), env=env, stdout=out,
+                                         stderr=subprocess.STDOUT)
+        except (ClusterError, ClusterInputError, BadInput) as e:
+            res.error = f"cluster for {leg.controller}: {e}"
+            res.rc = 2 if isinstance(e, (ClusterInputError, BadInput)) else 1
+        except Exception as e:   # a leg never takes the run down: it fails with its reason
+            res.error = f"{type(e).__name__}: {e}"
+            res.rc = 1
+        finally:
+            res.ended = time.monotonic()
+            if res.rc == 0 or res.error is None:
+                legsmod.record_duration(leg, res.seconds)
+            self._leg_done(leg.controller)
+            self._say_done(res)
+            self.changed.set()
+
+    def _say_done(self, res: LegResult) -> None:
+        rows = [r for r in read_rows(self.run_dir / "ledger.json") if r.get("lane") == res.leg.lane
+                and str(r.get("controller_version", "")).startswith(res.leg.label or res.leg.controller)]
+        counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in (PASS, FAIL, INCONCLUSIVE)}
+        self.log(f"leg {res.leg.id}: done in {res.seconds:.0f}s (pytest exit {res.rc}; rows so far for its lane and "
+                 f"version: {counts[PASS]} pass, {counts[FAIL]} fail, {counts[INCONCLUSIVE]} inconclusive)"
+                 + (f" — {res.error}" if res.error else "") + (f"; log {res.log}" if res.rc else ""))
+
+    def _status(self) -> None:
+        now = time.monotonic()
+        running = [r for r in self.results.values() if r.started and not r.ended]
+        done = [r for r in self.results.values() if r.ended]
+        waiting = len(self.legs) - len(running) - len(done)
+        slowest = max(self.results.values(), key=lambda r: r.seconds if r.started else -1, default=None)
+        self.log(f"run {self.run_id}: {len(running)} leg(s) running "
+                 f"[{', '.join(f'{r.leg.id} {now - r.started:.0f}s' for r in running)}], {len(done)} done, "
+                 f"{waiting} waiting" + (f"; slowest: {slowest.leg.id} ({slowest.seconds:.0f}s)" if slowest else ""))
+
+    # --- the run --------------------------------------------------------------------------------------------
+    def execute(self) -> dict[str, LegResult]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        builder = threading.Thread(target=self._build_all, name="toolchain", daemon=True)
+        builder.start()
+        pending = list(self.legs)
+        threads: list[threading.Thread] = []
+        next_status = time.monotonic() + STATUS_EVERY_S
+        while pending or any(t.is_alive() for t in threads):
+            with self.lock:
+                running = sum(1 for t in threads if t.is_alive())
+            for leg in list(pending):
+                if running >= self.jobs:
+                    break
+                if self.build_error:
+                    res = self.results[leg.id] = LegResult(leg, rc=1, started=time.monotonic(),
+                                                           error=f"binaries did not build: {self.build_error}")
+                    res.ended = res.started
+                    pending.remove(leg)
+                    self._leg_done(leg.controller)
+                    continue
+                if not self._ready(leg):
+                    continue
+                pending.remove(leg)
+                res = self.results[leg.id] = LegResult(leg, started=time.monotonic())
+                self.log(f"leg {leg.id}: start")
+                t = threading.Thread(target=self._run_leg, args=(leg, res), name=leg.id, daemon=True)
+                t.start()
+                threads.append(t)
+                running += 1
+            self.changed.wait(1.0)
+            self.changed.clear()
+            if time.monotonic() >= next_status:
+                self._status()
+                next_status = time.monotonic() + STATUS_EVERY_S
+        builder.join(timeout=1)
+        for version in list(self.clusters):
+            if not self.keep_cluster:
+                self.clusters.pop(version).down(quiet=True)
+        return self.results
+
+
+def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, env: dict | None = None,
+        binary: Binary | None = None, keep_cluster: bool = False, meta: dict | None = None,
+        log: Callable[[str], None] | None = None) -> tuple[int, Path, list[dict]]:
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    run_id = run_dir.name if run_dir else new_run_id()
-    run_dir = Path(run_dir or config.reports_dir() / run_id)
+    run_dir = Path(run_dir or config.reports_dir() / new_run_id())
     run_dir.mkdir(parents=True, exist_ok=True)
     link_latest(run_dir)
-    paths = [str(config.project_root() / "lanes" / LANES[k]) for k in lanes]
-    rcs = {}
+    jobs = jobs or default_jobs(len(plan))
     t0 = time.monotonic()
-    for i, v in enumerate(versions, 1):
-        log(f"run {run_id}: [{i}/{len(versions)}] controller {v}: lanes {', '.join(lanes)}")
-        cmd = [sys.executable, "-m", "pytest", "-p", "no:locust", "-q", "-rfE", "--no-header",
-               "--controller", v, "--drills-run-dir", str(run_dir), "--drills-run-id", run_id,
-               f"--junitxml={run_dir / f'junit-{v}{tag}.xml'}", "-o", "cache_dir=" + str(run_dir / ".pytest_cache"),
-               *(pytest_args or []), *paths]
-        env = dict(os.environ, **(env_extra or {}))
-        tv = time.monotonic()
-        rcs[v] = subprocess.call(cmd, cwd=str(config.project_root()), env=env)
-        log(f"run {run_id}: controller {v} done in {time.monotonic() - tv:.0f}s (pytest exit {rcs[v]})")
+    log(f"run {run_dir.name}: {len(plan)} leg(s), {jobs} at a time")
+    r = Run(plan, run_dir, jobs, env or {}, binary, keep_cluster, log)
+    results = r.execute()
+    wall = time.monotonic() - t0
+    (run_dir / "run.json").write_text(json.dumps(dict(meta or {}, run_id=run_dir.name, jobs=jobs, wall_s=round(wall, 1),
+                                                      legs=[dict(x.to_dict(), rc=results[x.id].rc,
+                                                                 seconds=round(results[x.id].seconds, 1),
+                                                                 error=results[x.id].error) for x in plan]),
+                                                 indent=1))
     rows = read_rows(run_dir / "ledger.json")
     codes = [exit_code(rows)]
-    for v, rc in rcs.items():
-        if rc != 0 and exit_code([r for r in rows if r["controller_version"].startswith(v)]) == 0:
+    for res in results.values():
+        mine = [x for x in rows if x.get("lane") == res.leg.lane and
+                str(x.get("controller_version", "")).startswith(res.leg.label or res.leg.controller)]
+        if res.rc == 2:
+            codes.append(2)
+        elif res.rc != 0 and exit_code(mine) == 0:
             codes.append(1)     # a step failed (or pytest could not run) before it could record a row
     code = combine_exit_codes(*codes)
     try:
-        from .report import write_matrix, write_run_report
         write_run_report(run_dir)
         write_matrix(None, run_dir.parent)
     except Exception as e:  # the ledger is the record; a report failure is said, not hidden
         log(f"report: {type(e).__name__}: {e}")
         code = combine_exit_codes(code, 1)
-    log(f"run {run_id}: {len(versions)} version(s) in {time.monotonic() - t0:.0f}s")
+    legs_sum = sum(res.seconds for res in results.values())
+    log(f"run {run_dir.name}: {len(plan)} leg(s) in {wall:.0f}s wall (the legs' own durations sum to "
+        f"{legs_sum:.0f}s)")
     return code, run_dir, rows
 
 
@@ -89,13 +289,9 @@ def summary_table(rows: list[dict]) -> str:
         k = (r["lane"], r["step"], r["assertion"])
         if k not in keys:
             keys.append(k)
-    cells = {}
-    for r in rows:
-        cells[(r["lane"], r["step"], r["assertion"], r["controller_version"])] = r
-    lines = []
+    cells = {(r["lane"], r["step"], r["assertion"], r["controller_version"]): r for r in rows}
     head = f"{'lane/step':<14} {'assertion':<60} " + " ".join(f"{v:>18}" for v in versions)
-    lines.append(head)
-    lines.append("-" * len(head))
+    lines = [head, "-" * len(head)]
     for lane, step, assertion in keys:
         vals = []
         for v in versions:
@@ -104,7 +300,7 @@ def summary_table(rows: list[dict]) -> str:
         lines.append(f"{lane + '/' + step:<14} {assertion[:60]:<60} " + " ".join(vals))
     n_fail = sum(r["verdict"] == FAIL for r in rows)
     n_inc = sum(r["verdict"] == INCONCLUSIVE for r in rows)
-    lines.append(f"{len(rows)} assertions: {sum(r['verdict'] == 'pass' for r in rows)} pass, {n_fail} fail, "
+    lines.append(f"{len(rows)} assertions: {sum(r['verdict'] == PASS for r in rows)} pass, {n_fail} fail, "
                  f"{n_inc} inconclusive, {sum(r['verdict'] in ('unverified', 'not_applicable') for r in rows)} "
                  f"unverified/not applicable")
     return "\n".join(lines)
@@ -117,6 +313,55 @@ def _short(v) -> str:
 
 def _vkey(v: str):
     try:
-        return config.version_tuple(v)
+        return config.version_tuple(v.split("+")[0])
     except ValueError:
         return (999, 0, 0)
+
+
+# --- shards merged into one run folder -------------------------------------------------------------------------
+def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], None] | None = None) -> Path:
+    """Merge shard run folders into one run folder, as if one machine had run every leg: the rows (run id
+    rewritten to the merged run's), the evidence folders, the JUnit files, the leg records.  Refused (bad input)
+    when a folder is not a shard run folder, when the shards were cut from different plans, or when a leg is
+    in two shards; a leg of the plan no shard ran is said."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    metas = []
+    for d in run_dirs:
+        try:
+            metas.append((Path(d), json.loads((Path(d) / "run.json").read_text())))
+        except (OSError, ValueError) as e:
+            raise BadInput(f"{d}: not a run folder of drills run (no readable run.json: {e})") from None
+    digests = {m.get("plan_digest") for _, m in metas}
+    if len(digests) != 1:
+        raise BadInput(f"the run folders come from different plans ({', '.join(sorted(map(str, digests)))}): plan "
+                       f"every shard with the same legs and durations (drills run --plan --json, --durations)")
+    seen: dict[str, Path] = {}
+    for d, m in metas:
+        for leg in m.get("legs") or []:
+            if leg["id"] in seen:
+                raise BadInput(f"leg {leg['id']} is in two run folders ({seen[leg['id']]} and {d})")
+            seen[leg["id"]] = d
+    planned = set(metas[0][1].get("all_legs") or seen)
+    if planned - set(seen):
+        log(f"merge: leg(s) no shard ran: {', '.join(sorted(planned - set(seen)))}")
+    dest = Path(dest or config.reports_dir() / new_run_id())
+    dest.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for d, _ in metas:
+        for item in d.iterdir():
+            if item.name in ("ledger.json", "ledger.json.lock", "run.json", "report.html", "report.md"):
+                continue
+            target = dest / item.name
+            if item.is_dir():
+                shutil.copytree(item, target, dirs_exist_ok=True)
+            else:
+                shutil.copy2(item, target)
+        rows += [dict(r, run_id=dest.name) for r in read_rows(d / "ledger.json")]
+    (dest / "ledger.json").write_text(json.dumps(rows, indent=2, default=str))
+    (dest / "run.json").write_text(json.dumps({
+        "run_id": dest.name, "merged_from": [str(d) for d, _ in metas], "plan_digest": digests.pop(),
+        "legs": [leg for _, m in metas for leg in m.get("legs") or []],
+        "all_legs": sorted(planned)}, indent=1))
+    write_run_report(dest)
+    link_latest(dest)
+    return dest

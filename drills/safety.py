@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -36,6 +35,8 @@ from kubernetes.client.rest import ApiException
 from . import config, kube
 from .cluster.namespaces import OPT_IN_VALUE as NAMESPACE_LABEL_VALUE
 from .errors import BadInput, Refused
+from .procs import cmdline, pid_alive
+from .signals import Interrupted, SignalGuard
 from .rollout import GROUP, PLURAL, VERSION, Rollouts, app_container_name, healthy, healthy_at
 
 LEASE_ANNOTATION = "drills.dev/lease"
@@ -46,14 +47,6 @@ RefusedTarget = Refused      # the name the rest of the package used first
 
 class JournalError(BadInput):
     """A journal that cannot be read or used: exit 2."""
-
-
-class Interrupted(BaseException):
-    """A drill was interrupted by a signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
-        self.signum = signum
 
 
 # --- allowlist ----------------------------------------------------------------------------------------
@@ -371,40 +364,6 @@ def _app_image(template: dict | None) -> str | None:
     return next((c.get("image") for c in containers if c.get("name") == name), None)
 
 
-# --- signals --------------------------------------------------------------------------------------
-class SignalGuard:
-    """Turns SIGINT/SIGTERM into ``Interrupted`` in the main thread.  During restore a second signal raises
-    again so restore can be abandoned; after ``quiet()`` further signals are only counted."""
-
-    def __init__(self):
-        self.count = 0
-        self.received: int | None = None
-        self._old = {}
-        self._quiet = False
-
-    def _handler(self, signum, frame):
-        self.count += 1
-        self.received = signum
-        if self._quiet:
-            print(f"drills: {signal.Signals(signum).name} noted; finishing up", file=sys.stderr, flush=True)
-            return
-        raise Interrupted(signum)
-
-    def quiet(self) -> None:
-        self._quiet = True
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handler)
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        return False
-
-
 def restore_with_guard(journal: Journal, api, log=None, timeout: float = 180,
                        guard: SignalGuard | None = None) -> bool:
     """Run restore; a signal during it abandons the restore and prints what is left (the journal and the lease
@@ -420,3 +379,32 @@ def restore_with_guard(journal: Journal, api, log=None, timeout: float = 180,
         log(f"restore abandoned; left to restore: {journal.describe()}. The lease stays on the Rollout until "
             f"it is done: drills restore --journal {journal.path}")
         return False
+
+
+def restore_journal(path: Path, allow: list[str] | None = None, log=None) -> bool:
+    """`drills restore --journal FILE`: check the journal, its target (allowlist, opt-in label) and that its
+    drill is gone, then restore.  True when restored (or nothing was left to do); False when abandoned."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    j = Journal.load(Path(path))
+    if j.state == "restored":
+        print(f"journal {j.path} was already restored ({j.data.get('restored_at', 'earlier')}): nothing to do")
+        return True
+    pid = j.data.get("pid")
+    if isinstance(pid, int) and pid != os.getpid() and pid_alive(pid) and j.state == "open" and \
+            "drills" in cmdline(pid):
+        raise Refused(f"the drill that wrote {j.path} is still running (pid {pid}); it restores on exit "
+                      f"(signal it once with SIGINT)")
+    kc, ctx = j.data.get("kubeconfig"), j.data.get("context")
+    if not kc or not ctx:
+        raise JournalError(f"journal {j.path}: names no kubeconfig/context to restore on")
+    check_context(ctx, embedded=False, allow=allow)
+    api = kube.new_client(kc, ctx)
+    for ns in sorted({k.split("/", 1)[0] for k in j.data["rollouts"]}):
+        check_namespace(api, ns)
+    with SignalGuard() as guard:
+        try:
+            return restore_with_guard(j, api, log=log, guard=guard)
+        except Interrupted:
+            return False
+        finally:
+            guard.quiet()

@@ -252,3 +252,45 @@ def derive(records: list[dict], canary_hash: str | None, since_mark: str | None 
         d.exposure_seconds += t_prev - exposure_since
     d.peak_canary_weight_while_partial = peak if d.partial_window_observed else None
     return d
+
+
+def exit_analysis(records: list[dict], revived_hash: str, replicas: int) -> dict:
+    """From the mark 'promote --full': weight in force then, the highest weight until the revived
+    ReplicaSet is fully available, and whether abort was cleared."""
+    recs = ordered(records)
+    weight = 0
+    ro = None
+    rs_avail = 0
+    at_pf = None
+    max_until = None
+    abort_after = None
+    weights_after = []
+    reached = False
+    abort_effective = False
+    for r in recs:
+        if r["kind"] == "Mark" and r["name"] == "promote --full":
+            at_pf = weight
+            max_until = weight
+            continue
+        if r["kind"] == "Rollout":
+            ro = r["obj"]
+            if at_pf is not None:
+                abort_after = ro["status"]["abort"]
+            if ro["status"]["abort"] and ro["status"].get("phase") == "Degraded":
+                abort_effective = True
+        elif r["kind"] == "ReplicaSet" and r["obj"].get("hash") == revived_hash:
+            rs_avail = r["obj"]["available"]
+        elif r["kind"] == "VirtualService" and ro:
+            c, _ = canary_weight_of(r["obj"], ro)
+            if c is not None:
+                weight = c
+                if at_pf is not None:
+                    weights_after.append(c)
+        if at_pf is not None and not reached:
+            if rs_avail >= replicas:
+                reached = True
+            else:
+                max_until = max(max_until, weight)
+    return {"weight_at_promote_full": at_pf, "max_weight_until_available": max_until if reached else None,
+            "abort_after_promote_full": abort_after, "weights_after": weights_after, "fully_available": reached,
+            "abort_effective": abort_effective}

@@ -7,6 +7,7 @@ those ``retry_on`` names (e.g. a dropped connection), which count as "not yet".
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, TypeVar
 
 from tenacity import RetryError, Retrying, retry_if_exception, retry_if_result, stop_after_delay, wait_fixed
@@ -40,3 +41,10 @@ def until(name: str, probe: Callable[[], T], done: Callable[[T], bool] = bool, t
     except RetryError:
         shown = describe(last[0]) if last[0] is not None else "nothing yet"
         raise WaitTimeout(f"timed out after {timeout:g}s waiting for {name}; last seen: {shown}", last[0]) from None
+
+
+def hold_for(seconds: float, why: str) -> None:
+    """An evidence window (not a wait for a condition): the caller's recording goes on for ``seconds``.
+    ``why`` names it where it is used; the window itself is a named constant of the caller."""
+    if seconds > 0:
+        threading.Event().wait(seconds)

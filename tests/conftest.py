@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from drills.kit import DrillRollout
+from drills.shapes import RolloutSpec
+
 
 class SilentServer:
     """Accepts TCP connections and never answers; counts them."""
@@ -165,17 +168,15 @@ def kube_context(cluster) -> str:
 
 @pytest.fixture
 def stage_rollout(kube, namespace, tmp_path, controller_version):
-    """prepare(**spec) -> RollbackDrill: a Rollout at v2, v1 scaled to 0, a valid rollback target inside the
+    """prepare(**spec) -> DrillRollout: a Rollout at v2, v1 scaled to 0, a valid rollback target inside the
     window (the stand-in for a stage service that live mode drills)."""
-    from drills.probe import ProbeSpec, RollbackDrill
-
-    def prepare(**over) -> RollbackDrill:
+    def prepare(**over) -> DrillRollout:
         fields = {"steps": [{"setWeight": 5}, {"pause": {"duration": "2s"}}, {"setWeight": 100}], "replicas": 2,
                   "name": "svc", "scale_down_delay": 3, "image_v1": "registry.local/svc:v1",
                   "image_v2": "registry.local/svc:v2"}
         fields.update(over)
-        d = RollbackDrill(kube, namespace, ProbeSpec(**fields), tmp_path / "prepare",
-                          controller_version=controller_version)
+        d = DrillRollout(kube, namespace, RolloutSpec(**fields), tmp_path / "prepare",
+                         controller_version=controller_version)
         d.deploy_v1()
         d.deploy_v2()
         d.wait_scaled_to_zero(d.hash_v1)

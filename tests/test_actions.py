@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from drills.probe import ProbeSpec, install
+from drills.shapes import RolloutSpec, install
 from drills.rollout import Predicate, Rollouts, aborted, healthy, paused
 from drills.toolchain import Toolchain
 
@@ -33,7 +33,7 @@ class Pair:
         self.plugin = Toolchain().rollouts_dir(version) / "kubectl-argo-rollouts"
         self.kubeconfig = str(cluster.kubeconfig)
         for name in ("by-drills", "by-plugin"):
-            install(kube, ns, ProbeSpec(steps=[{"setWeight": 25}, {"pause": {}}, {"setWeight": 50}, {"pause": {}}],
+            install(kube, ns, RolloutSpec(steps=[{"setWeight": 25}, {"pause": {}}, {"setWeight": 50}, {"pause": {}}],
                                         replicas=2, name=name))
         for name in ("by-drills", "by-plugin"):
             self.ro.wait(name, healthy(), 90)
@@ -131,7 +131,7 @@ def test_actions_match_the_plugin(kube, cluster, namespace, controller_version):
 def test_status_write_with_stale_resource_version_is_refused(kube, namespace):
     """A retried status write never advances a Rollout twice: it carries the resourceVersion it was computed from."""
     from kubernetes.client.rest import ApiException
-    ro = install(kube, namespace, ProbeSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=1, name="rv"))
+    ro = install(kube, namespace, RolloutSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=1, name="rv"))
     ro.wait("rv", healthy(), 60)
     stale = ro.get("rv")["metadata"]["resourceVersion"]
     ro.abort("rv")

@@ -14,7 +14,7 @@ from kubernetes import client
 from drills import config
 from drills.cluster import Availability, pid_alive
 from drills.cluster.embedded import listening_ports_of
-from drills.probe import ProbeSpec, install
+from drills.shapes import RolloutSpec, install
 from drills.rollout import HASH_LABEL, Predicate, healthy, paused
 
 
@@ -30,7 +30,7 @@ def _deploy(kube, ns, spec):
 
 def test_controller_writes_istio_weights_and_promotes(kube, namespace, controller_version, cluster):
     assert cluster.status()["controller_version"] == controller_version
-    spec = ProbeSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=4, min_pods=1, name="web")
+    spec = RolloutSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=4, min_pods=1, name="web")
     ro = _deploy(kube, namespace, spec)
     ro.wait("web", healthy(), 90)
     assert _vs_weights(kube, namespace, "web") == {"stable": 100, "canary": 0}
@@ -65,7 +65,7 @@ def test_held_pod_stays_unavailable_until_released(kube, namespace, cluster):
     av = Availability(kube)
     hid = av.hold(namespace, {"app.kubernetes.io/name": "held"}, None)
     try:
-        spec = ProbeSpec(steps=[{"setWeight": 50}], replicas=2, name="held")
+        spec = RolloutSpec(steps=[{"setWeight": 50}], replicas=2, name="held")
         ro = _deploy(kube, namespace, spec)
         apps = client.AppsV1Api(kube)
         core = client.CoreV1Api(kube)

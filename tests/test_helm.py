@@ -1,7 +1,6 @@
 """Render, normalise, diff and bad input, with the real helm binary (and the real registry where named)."""
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -13,10 +12,12 @@ import pytest
 import yaml
 
 from drills import config
-from drills.cli import BadInput
+from drills.cli import build_parser
+from drills.errors import BadInput
+from drills.fleet import Fleet, Workspace, base_sources, normalise, render_app
 from drills.helm import ChartInputError, Helm, Registry, helm_binary, publish
-from drills.renderdiff import (Fleet, Workspace, add_render_diff_parser, base_sources, check_equivalence,
-                               diff_objects, normalise, render_app, render_diff)
+from drills.lanes.b_checks import check_equivalence
+from drills.renderdiff import diff_objects, render_diff
 
 PINNED, CANDIDATE = "3.0.13", "3.0.14-rc.0"
 
@@ -36,9 +37,7 @@ def fleet_copy(tmp_path):
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="drills")
-    add_render_diff_parser(p.add_subparsers(dest="command", required=True))
-    return p.parse_args(argv)
+    return build_parser().parse_args(argv)
 
 
 # --- the binary and a plain render ----------------------------------------------------------------------
@@ -166,11 +165,8 @@ def test_render_diff_command_json_exit_0_whether_or_not_it_differs(capsys):
         0, {"Rollout/checkout": ["spec.strategy.canary.steps"]}, 0, True)
 
 
-def test_render_diff_runs_as_a_module_entry(tmp_path):
-    code = ("import sys, argparse; from drills.renderdiff import add_render_diff_parser; "
-            "p = argparse.ArgumentParser(); add_render_diff_parser(p.add_subparsers()); "
-            "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
-    proc = subprocess.run([sys.executable, "-c", code, "render-diff", "--app", "web", "--env", "prod",
+def test_render_diff_runs_as_a_command(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "drills", "render-diff", "--app", "web", "--env", "prod",
                            "--from", PINNED, "--to", CANDIDATE], capture_output=True, text=True,
                           cwd=config.project_root())
     assert (proc.returncode, "Deployment/web" in proc.stdout, "changed: none" in proc.stdout) == (0, True, True)

@@ -209,8 +209,8 @@ def test_match_expressions_selector_is_handled():
 
 
 def test_canary_without_steps_on_a_real_rollout_is_exit_2_and_sends_nothing(kube, cluster, namespace, live_cmd):
-    from drills.probe import ProbeSpec, install
-    spec = ProbeSpec(steps=[], name="svc")
+    from drills.shapes import RolloutSpec, install
+    spec = RolloutSpec(steps=[], name="svc")
     install(kube, namespace, spec)
     from kubernetes import client
     client.CustomObjectsApi(kube).patch_namespaced_custom_object(

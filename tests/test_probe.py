@@ -8,7 +8,10 @@ import sys
 
 import pytest
 
-from drills.probe import REASON_NO_PARTIAL, ProbeSpec, parse_steps, run_probe, steps_text
+from drills.kit import REASON_NO_PARTIAL, DrillRollout
+from drills.probe import run_probe
+from drills.shapes import RolloutSpec
+from drills.steps import parse_steps, steps_text
 
 
 def test_parse_steps_round_trip():
@@ -23,7 +26,7 @@ def test_parse_steps_round_trip():
 @pytest.mark.parametrize("steps,expected", [("5,pause:2s,100", 100), ("5,pause:2s", 5)])
 def test_probe_peak_is_last_setweight_while_partial(kube, cluster, namespace, tmp_path, controller_version,
                                                     steps, expected):
-    spec = ProbeSpec(steps=parse_steps(steps), replicas=2, min_pods=1, hold_seconds=12)
+    spec = RolloutSpec(steps=parse_steps(steps), replicas=2, min_pods=1, hold_seconds=12)
     obs, _ = run_probe(kube, namespace, spec, tmp_path, controller_version,
                        audit_log=cluster.status()["audit_log"])
     assert obs.inconclusive_reason() is None, obs.inconclusive_reason()
@@ -35,16 +38,16 @@ def test_probe_peak_is_last_setweight_while_partial(kube, cluster, namespace, tm
 def test_rollback_onto_a_ready_replicaset_is_inconclusive(kube, cluster, namespace, tmp_path, controller_version):
     """No partial-availability window: a rollback before the old ReplicaSet was scaled down
     revives pods that are already Ready (DESIGN §3), so the drill cannot pass or fail."""
-    from drills.probe import RollbackDrill
-    spec = ProbeSpec(steps=parse_steps("5,pause:2s,100"), replicas=2, min_pods=1, scale_down_delay=600)
-    d = RollbackDrill(kube, namespace, spec, tmp_path, controller_version=controller_version,
-                      audit_log=cluster.status()["audit_log"])
+    spec = RolloutSpec(steps=parse_steps("5,pause:2s,100"), replicas=2, min_pods=1, scale_down_delay=600)
+    d = DrillRollout(kube, namespace, spec, tmp_path, controller_version=controller_version,
+                     audit_log=cluster.status()["audit_log"])
     try:
         d.deploy_v1()
         d.deploy_v2()
-        d.start_rollback("early")
+        rec = d.start_rollback("early")
         d.wait_settled()
-        obs = d.finish()
+        d.release_holds()
+        obs = rec.finish()
     finally:
         d.cleanup()
     assert obs.inconclusive_reason() == REASON_NO_PARTIAL, obs.describe()

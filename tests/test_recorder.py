@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from drills import recorder, timeline
-from drills.probe import ProbeSpec, install
+from drills.shapes import RolloutSpec, install
 from drills.rollout import Predicate, healthy, paused
 
 
@@ -15,7 +15,7 @@ def _deploy(kube, ns, spec):
 
 @pytest.mark.single_version
 def test_recorder_keeps_a_sub_second_weight_across_a_dropped_watch(kube, cluster, namespace, tmp_path):
-    ro = _deploy(kube, namespace, ProbeSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=2, name="rec"))
+    ro = _deploy(kube, namespace, RolloutSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=2, name="rec"))
     ro.wait("rec", healthy(), 60)
     ro.set_image("rec", "registry.local/probe:v2")
     ro.wait("rec", Predicate("paused at 25", lambda o: paused()(o) and o["status"].get("currentStepIndex") == 1), 60)
@@ -74,7 +74,7 @@ def test_watch_command_records_a_rollout_driven_by_hand(kube, cluster, namespace
     import json
     import subprocess
     import sys
-    ro = _deploy(kube, namespace, ProbeSpec(steps=[{"setWeight": 50}, {"pause": {"duration": "2s"}}],
+    ro = _deploy(kube, namespace, RolloutSpec(steps=[{"setWeight": 50}, {"pause": {"duration": "2s"}}],
                                             replicas=2, name="byhand"))
     ro.wait("byhand", healthy(), 60)
     out = tmp_path / "byhand.timeline.jsonl"

@@ -1,7 +1,6 @@
 """Reports: timeline plots, per-run report, version x assertion matrix, `drills report`."""
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import struct
@@ -9,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from drills.cli import build_parser, cmd_report
+from drills.errors import BadInput
 from drills.ledger import Ledger
-from drills.report import (EMULATION_NOTE, WEIGHT_NOTE, add_report_parser, cmd_report,
-                           plot_series, write_matrix, write_run_report)
+from drills.plots import plot_series
+from drills.report import EMULATION_NOTE, WEIGHT_NOTE, write_matrix, write_run_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -296,9 +297,7 @@ def test_branch_order_section_calls_out_hazard(tmp_path):
 
 # ----------------------------------------------------------------------------------------------
 def parser():
-    p = argparse.ArgumentParser(prog="drills")
-    add_report_parser(p.add_subparsers(dest="command", required=True))
-    return p
+    return build_parser()
 
 
 def test_drills_report_default_and_explicit(tmp_path, monkeypatch, capsys):
@@ -318,7 +317,6 @@ def test_drills_report_default_and_explicit(tmp_path, monkeypatch, capsys):
 
 
 def test_drills_report_missing_run_dir_is_bad_input(tmp_path, monkeypatch):
-    from drills.cli import BadInput
     monkeypatch.setenv("DRILLS_REPORTS", str(tmp_path / "reports"))
     args = parser().parse_args(["report", str(tmp_path / "no-such-run")])
     with pytest.raises(BadInput, match="no-such-run"):

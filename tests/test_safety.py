@@ -14,7 +14,8 @@ import yaml
 from kubernetes import client
 
 from drills import config
-from drills.probe import ProbeSpec, RollbackDrill
+from drills.kit import DrillRollout
+from drills.shapes import RolloutSpec
 from drills.rollout import Rollouts, healthy
 
 pytestmark = pytest.mark.single_version
@@ -24,11 +25,11 @@ def _context(cluster) -> str:
     return yaml.safe_load(Path(cluster.kubeconfig).read_text())["current-context"]
 
 
-def _prepared(kube, ns, tmp_path, version) -> RollbackDrill:
+def _prepared(kube, ns, tmp_path, version) -> DrillRollout:
     """A Rollout at v2, v1 scaled to 0: a valid rollback target inside the window."""
-    spec = ProbeSpec(steps=[{"setWeight": 5}, {"pause": {"duration": "2s"}}, {"setWeight": 100}], replicas=2,
+    spec = RolloutSpec(steps=[{"setWeight": 5}, {"pause": {"duration": "2s"}}, {"setWeight": 100}], replicas=2,
                      name="svc", scale_down_delay=3)
-    d = RollbackDrill(kube, ns, spec, tmp_path, controller_version=version)
+    d = DrillRollout(kube, ns, spec, tmp_path, controller_version=version)
     d.deploy_v1()
     d.deploy_v2()
     d.wait_scaled_to_zero(d.hash_v1)

@@ -18,9 +18,11 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from ..kube import conflict_retry, new_client
+from ..watching import ListWatch
 from .stages import RELEASE_ANNOTATION
 
 SYSTEM_NAMESPACE = "drills-system"
@@ -73,18 +75,14 @@ class Availability:
             self.core.replace_namespaced_config_map(CONFIGMAP, SYSTEM_NAMESPACE, body)
 
     def _update(self, fn) -> dict:
-        for _ in range(10):
+        @conflict_retry(10)
+        def once() -> dict:
             data, rv = self._read()
             data.setdefault("holds", [])
             fn(data)
-            try:
-                self._write(data, rv)
-                return data
-            except ApiException as e:
-                if e.status in (409,):
-                    continue
-                raise
-        raise RuntimeError("could not update availability holds (conflicts)")
+            self._write(data, rv)
+            return data
+        return once()
 
     def config(self) -> dict:
         return self._read()[0]
@@ -119,63 +117,64 @@ class Releaser:
         self.conf: dict = {"default_delay": 1.0, "holds": []}
         self.last_release: dict[str, float] = {}
         self.stop = threading.Event()
+        self.loops: list[ListWatch] = []
 
     def _watch_pods(self):
-        while not self.stop.is_set():
-            try:
-                lst = self.core.list_pod_for_all_namespaces()
-                with self.lock:
-                    now = time.monotonic()
-                    current = set()
-                    for p in lst.items:
-                        self._note(p, now)
-                        current.add((p.metadata.namespace, p.metadata.name))
-                    for k in list(self.pending):
-                        if k not in current:
-                            del self.pending[k]
-                w = watch.Watch()
-                for ev in w.stream(self.core.list_pod_for_all_namespaces,
-                                   resource_version=lst.metadata.resource_version, timeout_seconds=300):
-                    if self.stop.is_set():
-                        w.stop()
-                        break
-                    p = ev["object"]
-                    with self.lock:
-                        if ev["type"] == "DELETED":
-                            self.pending.pop((p.metadata.namespace, p.metadata.name), None)
-                        else:
-                            self._note(p, time.monotonic())
-            except Exception as e:  # relist on 410 and on dropped connections
-                print(f"releaser: pod watch restarted: {e}", file=sys.stderr, flush=True)
-                time.sleep(0.2)
+        def on_list(items, rv, relisted):
+            with self.lock:
+                now = time.monotonic()
+                current = set()
+                for p in items:
+                    self._note(p, now)
+                    current.add((p["metadata"]["namespace"], p["metadata"]["name"]))
+                for k in list(self.pending):
+                    if k not in current:
+                        del self.pending[k]
 
-    def _note(self, p, now):
-        key = (p.metadata.namespace, p.metadata.name)
-        ann = p.metadata.annotations or {}
-        if RELEASE_ANNOTATION in ann or p.metadata.deletion_timestamp is not None:
+        def on_event(etype, p):
+            with self.lock:
+                if etype == "DELETED":
+                    self.pending.pop((p["metadata"]["namespace"], p["metadata"]["name"]), None)
+                else:
+                    self._note(p, time.monotonic())
+        self._loop("pod", ListWatch(self.core.list_pod_for_all_namespaces, timeout_seconds=300), on_list, on_event)
+
+    def _note(self, p: dict, now: float):
+        md = p["metadata"]
+        key = (md["namespace"], md["name"])
+        if RELEASE_ANNOTATION in (md.get("annotations") or {}) or md.get("deletionTimestamp") is not None:
             self.pending.pop(key, None)
             return
         if key not in self.pending:
-            self.pending[key] = {"labels": dict(p.metadata.labels or {}), "seen": now,
-                                 "created": p.metadata.creation_timestamp}
+            self.pending[key] = {"labels": dict(md.get("labels") or {}), "seen": now,
+                                 "created": md.get("creationTimestamp")}
 
     def _watch_config(self):
+        def take(obj):
+            data = json.loads(((obj or {}).get("data") or {}).get("config.json") or "{}")
+            with self.lock:
+                self.conf = {"default_delay": float(data.get("default_delay", 1.0)), "holds": data.get("holds", [])}
+
+        def on_list(items, rv, relisted):
+            if items:
+                take(items[0])
+
+        def on_event(etype, obj):
+            if etype != "DELETED":
+                take(obj)
+        self._loop("config", ListWatch(self.core.list_namespaced_config_map, SYSTEM_NAMESPACE,
+                                       field_selector=f"metadata.name={CONFIGMAP}", timeout_seconds=300),
+                   on_list, on_event)
+
+    def _loop(self, what: str, lw: ListWatch, on_list, on_event):
+        self.loops.append(lw)
         while not self.stop.is_set():
             try:
-                w = watch.Watch()
-                for ev in w.stream(self.core.list_namespaced_config_map, SYSTEM_NAMESPACE,
-                                   field_selector=f"metadata.name={CONFIGMAP}", timeout_seconds=300):
-                    if self.stop.is_set():
-                        w.stop()
-                        break
-                    if ev["type"] != "DELETED":
-                        data = json.loads((ev["object"].data or {}).get("config.json") or "{}")
-                        with self.lock:
-                            self.conf = {"default_delay": float(data.get("default_delay", 1.0)),
-                                         "holds": data.get("holds", [])}
-            except Exception as e:
-                print(f"releaser: config watch restarted: {e}", file=sys.stderr, flush=True)
-                time.sleep(0.2)
+                lw.run(on_list, on_event)
+            except Exception as e:      # a refused or failing watch: say it, list again shortly
+                print(f"releaser: {what} watch restarted: {e}", file=sys.stderr, flush=True)
+                lw.resource_version = None
+                self.stop.wait(0.2)
 
     def _decide(self) -> list[tuple[str, str]]:
         now = time.monotonic()
@@ -220,13 +219,16 @@ class Releaser:
 
 
 def main(argv=None) -> int:
-    from ..kube import new_client
     ap = argparse.ArgumentParser(prog="drills-releaser")
     ap.add_argument("--kubeconfig", required=True)
     args = ap.parse_args(argv)
     api = new_client(args.kubeconfig)
     r = Releaser(api)
-    signal.signal(signal.SIGTERM, lambda *a: r.stop.set())
+    def _term(*_):
+        r.stop.set()
+        for lw in r.loops:
+            lw.stop()
+    signal.signal(signal.SIGTERM, _term)
     r.run()
     return 0
 

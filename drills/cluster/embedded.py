@@ -386,5 +386,13 @@ class EmbeddedCluster:
         terminate(pid, grace, expect)
 
 
+def audit_log_for(kubeconfig: str | Path) -> str | None:
+    """The audit log of the embedded cluster whose kubeconfig this is (None for any other cluster)."""
+    folder = Path(kubeconfig).resolve().parent
+    if folder.parent != config.clusters_dir().resolve():
+        return None
+    return EmbeddedCluster(folder.name).state().get("audit_log")
+
+
 __all__ = ["EmbeddedCluster", "ClusterError", "ClusterInputError", "free_port", "port_in_use", "pid_alive",
            "listening_ports_of"]

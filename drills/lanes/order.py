@@ -1,40 +1,45 @@
-"""Lane `order`: the discriminating probes of the branch order in reconcileTrafficRouting, as runbook steps.
+"""Lane ``order``: the branch order in reconcileTrafficRouting, proven per controller version (one test per step).
 
-Each probe is a Rollout of its own (fixtures/branch_order/probes.yaml) in the lane's namespace; each gives
-one ledger row (lane `order`) whose assertion names that version's own lines (drills.branches), whose
-expected value comes from fixtures/branch_order/expectations.yaml, and whose evidence is the timeline.
+In reconcileTrafficRouting the backward search ("not at desired replica counts": keep the previous setWeight)
+must be evaluated before the mid-steps branch (GetCurrentSetWeight) and the end-of-steps branch
+(MaxTrafficWeight); the prescription (delete the final setWeight) is only safe while it is.  Each probe is a
+Rollout of its own (fixtures/lanes/order/probes.yaml) in a namespace of its own; each gives one row whose
+assertion names that version's own lines (drills.branches, read from its source, never typed in).
+
+(a) end-of-steps: steps [5, pause 10s, 50], roll back inside rollbackWindow -> 50 while the revived
+    ReplicaSet is partial (100 would mean end-of-steps first).
+(b) mid-steps: replicas 4, steps [25, pause 10s, 75, pause], new pods held -> 25 while the canary
+    ReplicaSet is short at the 75 rung (75 would mean mid-steps first).
+(c) hazard: the prescription [5, pause 10s] plus replicaProgressThreshold {type: Pods, value: 1}, roll back
+    inside the window -> the weight while partial, against the last rung (5); not applicable where the
+    version's Rollout CRD lacks the field.
 """
 from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
-import yaml
+from .. import branches, timeline
+from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
+from ..config import version_tuple
+from ..kit import REASON_INCOMPLETE, DrillRollout, Observation
+from ..ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED
+from ..rollout import Predicate, healthy, paused
+from ..shapes import RolloutSpec
+from ..steps import last_set_weight, steps_text
+from ..toolchain import Toolchain
+from ..wait import WaitTimeout
+from .base import LaneContext, Runbook, step
 
-from drills import branches, config, recorder, timeline
-from drills.ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, Ledger, describe_row
-from drills.probe import REASON_INCOMPLETE, ProbeSpec, RollbackDrill, steps_text
-from drills.rollout import Predicate, healthy, paused
-
-LANE = "order"
 STEP_END, STEP_MID, STEP_HAZARD = "end-of-steps", "mid-steps", "hazard-replica-progress-threshold"
-FIXTURES = config.fixtures_dir() / "branch_order"
 APP_LABEL = "app.kubernetes.io/name"
+# the matrix's branch-order section: column label -> the step it is read from
+ORDER_COLUMNS = (("before end-of-steps", STEP_END), ("before mid-steps", STEP_MID), ("hazards", STEP_HAZARD))
 
 
-def probes() -> dict:
-    return yaml.safe_load((FIXTURES / "probes.yaml").read_text())
-
-
-def expectations(version: str) -> dict:
-    data = yaml.safe_load((FIXTURES / "expectations.yaml").read_text())
-    return (data.get("versions") or {}).get(version) or {}
-
-
-def spec_of(fx: dict) -> ProbeSpec:
-    return ProbeSpec(steps=fx["steps"], replicas=fx["replicas"], min_pods=fx["minPodsPerReplicaSet"],
+def spec_of(fx: dict) -> RolloutSpec:
+    return RolloutSpec(steps=fx["steps"], replicas=fx["replicas"], min_pods=fx["minPodsPerReplicaSet"],
                      rollback_window=fx["rollbackWindowRevisions"], scale_down_delay=fx["scaleDownDelaySeconds"],
                      hold_seconds=fx["hold_seconds"], name=fx["name"], image_v1=fx["images"]["v1"],
                      image_v2=fx["images"]["v2"], extra_canary=dict(fx.get("extra_canary") or {}))
@@ -73,53 +78,38 @@ def weights_while_short_at(d: timeline.Derived, target: int) -> tuple[list, floa
     return out, total
 
 
-class LaneOrder:
-    def __init__(self, api, namespace: str, evidence_dir: Path, ledger: Ledger, version: str,
-                 branch_map: branches.BranchMap | None, crds_dir: Path | None, audit_log=None, log=None,
-                 source_note: str = ""):
-        self.api = api
-        self.ns = namespace
-        self.ev = Path(evidence_dir) / "lane-order"
-        self.ledger = ledger
-        self.version = version
-        self.bm = branch_map
-        self.crds_dir = crds_dir
-        self.audit_log = audit_log
-        self.log = log or (lambda m: print(m, flush=True))
-        self.fx = probes()
-        self.expect = expectations(version)
-        self.source_note = source_note
-        self.drills: dict[str, RollbackDrill] = {}
-        self.namespaces: list[str] = []
-        self.ns_prefix = "order"
-        self.done: set[str] = set()
+class LaneOrder(Runbook):
+    key = "order"
+    title = "branch order: the backward search before mid-steps and end-of-steps, per version's source"
 
-    # --- plumbing -----------------------------------------------------------------------------------
-    def drill(self, key: str) -> RollbackDrill:
+    def __init__(self, ctx: LaneContext):
+        super().__init__(ctx)
+        self.fx = self.data("probes.yaml")
+        self.ev = Path(ctx.evidence_dir) / "lane-order"
+        opts = ctx.options
+        self.source_note = "" if opts.get("source") or not opts.get("user_built") else \
+            "user-built controller without --source"
+        self.bm = branches.branch_map_for(ctx.version, user_built=bool(opts.get("user_built")), source=opts.get("source"))
+        self.crds_dir = Path(opts["crds"]) if opts.get("crds") else Toolchain().ensure_crds(ctx.version)
+        self.drills: dict[str, DrillRollout] = {}
+        self.namespaces: list[str] = []
+
+    # --- plumbing -------------------------------------------------------------------------------------
+    def drill(self, key: str) -> DrillRollout:
         """One Rollout per probe, each in a namespace of its own (the recorder's audit-log check covers every
         VirtualService of its namespace)."""
         if key not in self.drills:
-            from drills.cluster.namespaces import make_namespace, namespace_name
-            ns = namespace_name(f"{self.ns_prefix}-{self.fx[key]['name']}")
-            make_namespace(self.api, ns)
+            ns = make_namespace(self.ctx.api, namespace_name(f"order-{self.fx[key]['name']}"))
             self.namespaces.append(ns)
-            self.drills[key] = RollbackDrill(self.api, ns, spec_of(self.fx[key]), self.ev, log=self.log,
-                                             controller_version=self.version, audit_log=self.audit_log)
+            self.drills[key] = DrillRollout(self.ctx.api, ns, spec_of(self.fx[key]), self.ev, log=self.ctx.log,
+                                            controller_version=self.ctx.version, audit_log=self.ctx.audit_log)
         return self.drills[key]
 
-    def step(self, name: str, fn, needs: str | None = None):
-        if needs and needs not in self.done:
-            raise AssertionError(f"step {name!r} cannot run: its prerequisite {needs!r} did not complete")
-        out = fn()
-        self.done.add(name)
-        return out
-
-    def close(self):
-        from drills.cluster.namespaces import drop_namespace
+    def close(self) -> None:
         for d in self.drills.values():
             d.cleanup()
         for ns in self.namespaces:
-            drop_namespace(self.api, ns)
+            drop_namespace(self.ctx.api, ns)
 
     def _lines(self) -> dict:
         if not self.bm:
@@ -128,28 +118,38 @@ class LaneOrder:
                                  branches.END: self.bm.end_of_steps},
                 "branch_source_order": self.bm.order, "source": self.bm.source, "source_sha256": self.bm.sha256}
 
-    @staticmethod
-    def assert_row(row: dict, allowed=(PASS, UNVERIFIED)):
-        assert row["verdict"] in allowed, describe_row(row)
+    def _rollback_observation(self, d: DrillRollout, label: str) -> Observation:
+        rec = d.start_rollback(label)
+        stopped = None
+        try:
+            d.wait_settled()
+        except WaitTimeout as e:
+            stopped = f"the rollback did not settle: {e}"
+        d.release_holds()
+        return rec.finish(stopped_early=stopped)
 
-    # --- (a) end-of-steps ------------------------------------------------------------------------------
-    def end_of_steps_deploy(self):
+    # --- the source map -------------------------------------------------------------------------------
+    @step()
+    def source_map(self) -> branches.BranchMap | None:
+        """The three branches found by their code in this version's trafficrouting.go (None: lines unknown)."""
+        return self.bm
+
+    # --- (a) end-of-steps -------------------------------------------------------------------------------
+    @step()
+    def end_of_steps_deploy(self) -> None:
         d = self.drill("end_of_steps")
         d.deploy_v1()
         d.deploy_v2()
         d.wait_scaled_to_zero(d.hash_v1)
 
+    @step("end_of_steps_deploy")
     def end_of_steps_rollback(self) -> dict:
         d = self.drill("end_of_steps")
-        d.start_rollback(f"order-{STEP_END}")
-        try:
-            d.wait_settled()
-        finally:
-            obs = d.finish()
-        exp = self.expect.get("end_of_steps") or {}
+        obs = self._rollback_observation(d, f"order-{STEP_END}")
+        exp = self.expected("end_of_steps") or {}
         verdict, reason = obs.verdict(exp.get("expected"))
-        return self.ledger.record(
-            LANE, STEP_END, branches.order_assertion(self.bm, branches.END), exp.get("expected"),
+        return self.row(
+            STEP_END, branches.order_assertion(self.bm, branches.END), exp.get("expected"),
             obs.peak_canary_weight_while_partial, verdict, evidence=obs.timeline, reason=reason,
             probe="rollback inside rollbackWindow, final rung not 100", steps=steps_text(d.spec.steps),
             replicas=d.spec.replicas, opposite_order_would_show=exp.get("opposite"),
@@ -157,10 +157,12 @@ class LaneOrder:
             weights_while_partial=obs.weights_while_partial, series=Path(obs.series).name,
             series_text=obs.describe(), revived_replicaset=obs.revived_hash, **self._lines())
 
-    # --- (b) mid-steps ---------------------------------------------------------------------------------
-    def mid_steps_deploy_v1(self):
+    # --- (b) mid-steps ----------------------------------------------------------------------------------
+    @step()
+    def mid_steps_deploy_v1(self) -> None:
         self.drill("mid_steps").deploy_v1()
 
+    @step("mid_steps_deploy_v1")
     def mid_steps_deploy_v2(self) -> dict:
         d = self.drill("mid_steps")
         fx = self.fx["mid_steps"]
@@ -169,54 +171,46 @@ class LaneOrder:
         rung = int(spec.steps[idx]["setWeight"])
         target = rung_count(rung, spec.replicas, spec.min_pods)
         label = f"order-{STEP_MID}"
-        d.run_label = label
-        rec = recorder.Recorder(self.api, d.ns, d.name, self.ev / f"{label}.timeline.jsonl",
-                                audit_log=self.audit_log).start()
-        d.recorder = rec
-        hid = d.availability.hold(d.ns, {APP_LABEL: d.name}, spec.hold_seconds, batch=False)
-        d.holds.append(hid)
-        time.sleep(1.0)   # ReplicaSets compared by creation time (1 s precision)
-        res = d.ro.set_image(d.name, spec.image_v2)
-        rec.mark("deploy", rv=(res or {}).get("metadata", {}).get("resourceVersion"))
-        self.log(f"  deploy v2, steps [{steps_text(spec.steps)}], new pods held {spec.hold_seconds:.0f}s each")
+        rec = d.record(label)
+        hid = d.hold({APP_LABEL: d.name}, spec.hold_seconds, batch=False)
+        d.space_replicasets()
+        res = d.ro.set_image(d.name, spec.image_v2, container=spec.container)
+        rec.mark("deploy", res)
+        self.ctx.log(f"  deploy v2, steps [{steps_text(spec.steps)}], new pods held {spec.hold_seconds:.0f}s each")
         error = None
         hash_v2 = None
         try:
             n_steps = len(spec.steps)
             d.ro.wait(d.name, Predicate(f"paused on the indefinite pause (step {idx + 1})",
                                         lambda o: paused()(o) and (o.get("status") or {}).get("currentStepIndex")
-                                        == idx + 1), 60 + 4 * spec.hold_seconds * target, progress=d._progress)
+                                        == idx + 1), 60 + 4 * spec.hold_seconds * target, progress=d.progress)
             # the rung itself is written once the canary ReplicaSet is at its count
-            d.wait_canary_weight(rung, 60, f"(the rung of step {idx}) once the canary ReplicaSet is complete")
+            rec.wait_weight(rung, 60, f"(the rung of step {idx}) once the canary ReplicaSet is complete")
             hash_v2 = d.ro.get(d.name)["status"]["currentPodHash"]
-            d.availability.unhold(hid)
-            d.holds.remove(hid)
+            d.release(hid)
             res = d.ro.promote(d.name)
-            d.mark("promote", res)
+            rec.mark("promote", res)
             ro = d.ro.wait(d.name, Predicate("Healthy at v2", lambda o: healthy()(o) and
                                              o["status"].get("stableRS") == o["status"].get("currentPodHash")
-                                             == hash_v2), 180, progress=d._progress)
+                                             == hash_v2), 180, progress=d.progress)
             assert n_steps == len(ro["spec"]["strategy"]["canary"]["steps"])
-            d.wait_canary_weight(0, 60, "(all traffic back on the new stable)")
-        except (AssertionError, TimeoutError) as e:
+            rec.wait_weight(0, 60, "(all traffic back on the new stable)")
+        except AssertionError as e:          # WaitTimeout included: the evidence so far is kept
             error = str(e)
         finally:
-            for h in list(d.holds):
-                d.availability.unhold(h)
-            d.holds = []
+            d.release_holds()
             result = rec.stop()
-            d.recorder = None
-        recs = rec.records
+        recs = rec.records()
         if hash_v2 is None:
             hash_v2 = next((r["obj"]["status"].get("currentPodHash") for r in reversed(timeline.ordered(recs))
                             if r["kind"] == "Rollout"), None)
         der = timeline.derive(recs, hash_v2, since_mark="deploy", target="rs_spec", until_mark="promote")
         short, short_seconds = weights_while_short_at(der, target)
         observed = max((w for _, w, _, _ in short), default=None)
-        title = f"{label}: deploy v2, steps [{steps_text(spec.steps)}], replicas {spec.replicas} ({self.version})"
-        series_path = timeline.series_path(rec.out)
+        title = f"{label}: deploy v2, steps [{steps_text(spec.steps)}], replicas {spec.replicas} ({self.ctx.version})"
+        series_path = rec.series_path()
         series_path.write_text(json.dumps(der.series(title), indent=1))
-        exp = self.expect.get("mid_steps") or {}
+        exp = self.expected("mid_steps") or {}
         reason = None
         if error:
             reason = f"the deploy did not complete: {error}"
@@ -235,9 +229,9 @@ class LaneOrder:
         series_text = (f"weights in force while the canary ReplicaSet was short of {target} at step {idx} "
                        f"[t, weight, available, target]: {rel(short)} ({short_seconds:.1f}s short); canary weight "
                        f"series {rel(der.canary_weight)}")
-        return self.ledger.record(
-            LANE, STEP_MID, branches.order_assertion(self.bm, branches.MID), exp.get("expected"), observed, verdict,
-            evidence=str(rec.out), reason=reason, probe="normal deploy reaching a higher rung while the canary "
+        return self.row(
+            STEP_MID, branches.order_assertion(self.bm, branches.MID), exp.get("expected"), observed, verdict,
+            evidence=str(rec.path), reason=reason, probe="normal deploy reaching a higher rung while the canary "
             "ReplicaSet is short", steps=steps_text(spec.steps), replicas=spec.replicas, higher_rung=rung,
             higher_rung_index=idx, canary_target_at_rung=target, opposite_order_would_show=exp.get("opposite"),
             short_seconds=round(short_seconds, 2), weights_while_short=rel(short),
@@ -251,7 +245,7 @@ class LaneOrder:
         return has, (f"{field} is not in spec.strategy.canary of this version's Rollout CRD schema ({where})"
                      if not has else where)
 
-    def _hazard_assertion(self, spec: ProbeSpec, last_rung: int) -> str:
+    def _hazard_assertion(self, spec: RolloutSpec, last_rung: int) -> str:
         rpt = spec.extra_canary.get("replicaProgressThreshold") or self.fx["hazard_replica_progress_threshold"][
             "extra_canary"]["replicaProgressThreshold"]
         return (f"prescription [{steps_text(spec.steps)}] keeps the weight at the last rung ({last_rung}) with "
@@ -259,31 +253,27 @@ class LaneOrder:
                 + (f" (backward search :{self.bm.backward_search}, end-of-steps :{self.bm.end_of_steps})"
                    if self.bm else f" ({branches.LINES_UNKNOWN})"))
 
+    @step()
     def hazard(self) -> dict:
         fx = self.fx["hazard_replica_progress_threshold"]
         spec = spec_of(fx)
-        from drills.probe import last_set_weight
         last_rung = last_set_weight(spec.steps)
-        exp = self.expect.get("hazard_replica_progress_threshold") or {}
+        exp = self.expected("hazard_replica_progress_threshold") or {}
         applicable, where = self.hazard_applicable()
         if not applicable:
-            return self.ledger.record(LANE, STEP_HAZARD, self._hazard_assertion(spec, last_rung), last_rung, None,
-                                      NOT_APPLICABLE, reason=where, steps=steps_text(spec.steps), **self._lines())
+            return self.row(STEP_HAZARD, self._hazard_assertion(spec, last_rung), last_rung, None, NOT_APPLICABLE,
+                            reason=where, steps=steps_text(spec.steps), **self._lines())
         d = self.drill("hazard_replica_progress_threshold")
         d.deploy_v1()
         d.deploy_v2()
         d.wait_scaled_to_zero(d.hash_v1)
-        d.start_rollback(f"order-{STEP_HAZARD}")
-        try:
-            d.wait_settled()
-        finally:
-            obs = d.finish()
+        obs = self._rollback_observation(d, f"order-{STEP_HAZARD}")
         # The row asserts what this controller does (the expectation file: upstream's peak); the report
         # calls the version out whenever that peak is above the prescription's last rung.
         expected = exp.get("upstream_peak")
         verdict, reason = obs.verdict(expected)
-        return self.ledger.record(
-            LANE, STEP_HAZARD, self._hazard_assertion(spec, last_rung), expected,
+        return self.row(
+            STEP_HAZARD, self._hazard_assertion(spec, last_rung), expected,
             obs.peak_canary_weight_while_partial, verdict, evidence=obs.timeline, reason=reason, last_rung=last_rung,
             crd=where, steps=steps_text(spec.steps), extra_canary=spec.extra_canary,
             upstream_expected_peak=exp.get("upstream_peak"), known_hazard=bool(exp.get("known_hazard")),
@@ -292,3 +282,44 @@ class LaneOrder:
             partial_window_observed=obs.partial_window_observed, window_evidence=obs.window_evidence,
             weights_while_partial=obs.weights_while_partial, series=Path(obs.series).name,
             series_text=obs.describe(), revived_replicaset=obs.revived_hash, **self._lines())
+
+    # --- the matrix -------------------------------------------------------------------------------------
+    @classmethod
+    def report_sections(cls, cells: dict) -> list[dict]:
+        """The branch-order table (one row per version, the three probes as columns) with a call-out for every
+        version on which the prescription no longer keeps the weight at the last rung."""
+        versions = sorted({v for v, _, _ in cells}, key=_version_key)
+        if not versions:
+            return []
+        callouts, rows = [], []
+        for v in versions:
+            for (cv, s, a), r in sorted(cells.items()):
+                if cv != v or s != STEP_HAZARD or r.get("verdict") == NOT_APPLICABLE:
+                    continue
+                obs, last = _num(r.get("observed")), _num((r.get("details") or {}).get("last_rung", r.get("expected")))
+                if obs is not None and last is not None and obs > last:
+                    callouts.append(f"{v}: the prescription no longer keeps the weight at the last rung — {a}: "
+                                    f"observed {r.get('observed')} > last rung {last:g} (verdict {r.get('verdict')}, "
+                                    f"run {r.get('run_id')}).")
+            rows.append([v, *[[r for (cv, s, _), r in sorted(cells.items()) if cv == v and s == col]
+                              for _, col in ORDER_COLUMNS]])
+        return [{"title": "Branch order", "columns": ["controller version", *[c for c, _ in ORDER_COLUMNS]],
+                 "rows": rows, "callouts": callouts,
+                 "note": "Lines are read from each version's own rollout/trafficrouting.go."}]
+
+
+def _num(v) -> float | None:
+    if isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _version_key(v: str):
+    try:
+        return version_tuple(v.split("+")[0])
+    except ValueError:
+        return (999, 0, 0)

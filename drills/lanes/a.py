@@ -1,0 +1,202 @@
+"""Lane A — the live rollback drill (brief §14.2) as a runbook over one DrillRollout: two probes and an exit.
+
+deploy v1 -> update to v2 and let it promote -> wait until v1 is scaled to 0
+-> BEFORE: roll back to v1 inside rollbackWindow, observe the last setWeight (100) on a partial ReplicaSet
+-> cut the steps to [5, pause 10s] -> deploy v2 again, promote, wait for scale-down
+-> AFTER: roll back, observe 5 -> exit: abort while partial, then promote --full -> the load users felt.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import timeline
+from ..kit import DrillRollout, Observation
+from ..ledger import FAIL, INCONCLUSIVE, PASS
+from ..phases import PhasedLoad
+from ..rollout import healthy_at
+from ..shapes import RolloutSpec
+from ..steps import steps_text
+from ..wait import WaitTimeout
+from .base import LaneContext, Runbook, StepFailed, step
+
+ASSERT_PEAK = "peak canary weight while the revived ReplicaSet is below its desired count"
+# evidence windows
+AFTER_EVIDENCE_S = 5.0       # after the first weight on the partial ReplicaSet: room for the controller to write more
+ABORT_SETTLE_S = 1.0         # between the abort and reading the weight in force (the exit's starting point)
+
+
+class LaneA(Runbook):
+    key = "a"
+    title = "live rollback: BEFORE 100 on a partial ReplicaSet, cut the final setWeight, AFTER 5, exit"
+    variants = ("stage", "prod")
+
+    def __init__(self, ctx: LaneContext):
+        super().__init__(ctx)
+        self.fx = self.data(f"{ctx.variant}.yaml")
+        spec, _ = RolloutSpec.from_fixture(self.data_dir() / f"{ctx.variant}.yaml",
+                                           availability_control=ctx.options.get("availability_control", True),
+                                           rollback_via=ctx.options.get("rollback_via", "gitops"))
+        self.drill = DrillRollout(ctx.api, ctx.namespace, spec, Path(ctx.evidence_dir) / f"lane-a-{ctx.variant}",
+                                  log=ctx.log, controller_version=ctx.version, audit_log=ctx.audit_log)
+        self.load: PhasedLoad | None = None
+        self.load_rows: list[dict] = []
+
+    # --- plumbing --------------------------------------------------------------------------------------
+    def _assertion(self, text: str) -> str:
+        return text if self.ctx.variant == "stage" else f"{text} [prod-shaped: replicas {self.fx['replicas']}, " \
+                                                        f"minPodsPerReplicaSet {self.fx['minPodsPerReplicaSet']}]"
+
+    def close(self) -> None:
+        if self.load:
+            self.load.close()
+        self.drill.cleanup()
+
+    def _peak_row(self, step_name: str, obs: Observation) -> dict:
+        verdict, reason = obs.verdict(self.expected(step_name))
+        d = self.drill
+        return self.row(step_name, self._assertion(ASSERT_PEAK), self.expected(step_name),
+                        obs.peak_canary_weight_while_partial, verdict, evidence=obs.timeline, reason=reason,
+                        variant=self.ctx.variant, steps=steps_text(d.spec.steps), rollback_via=d.spec.rollback_via,
+                        partial_window_observed=obs.partial_window_observed, exposure_seconds=obs.exposure_seconds,
+                        window_evidence=obs.window_evidence, weights_while_partial=obs.weights_while_partial,
+                        series=Path(obs.series).name, series_text=obs.describe(), revived_replicaset=obs.revived_hash,
+                        availability_control=d.spec.availability_control)
+
+    def _load_phases(self, step_name: str, settled: bool = False, exit_mark: str | None = None) -> dict | None:
+        if not self.load or not self.load.run:
+            return None
+        rows, extra = self.load.phases(self.ctx.ledger, step_name, self.drill.recording.records(),
+                                       self.drill.hash_v1, settled=settled, exit_mark=exit_mark)
+        self.load_rows.extend(rows)
+        return extra
+
+    # --- the runbook ------------------------------------------------------------------------------------
+    @step()
+    def deploy_v1(self) -> None:
+        self.drill.deploy_v1()
+        if self.ctx.cluster is not None and self.ctx.variant == "stage":
+            self.load = PhasedLoad(self.ctx.cluster, self.drill.ns, self.drill.name, self.drill.evidence_dir / "load",
+                                   lane=self.key)
+
+    @step("deploy_v1")
+    def deploy_v2(self) -> None:
+        self.drill.deploy_v2()
+
+    @step("deploy_v2")
+    def wait_v1_scaled_down(self) -> None:
+        self.drill.wait_scaled_to_zero(self.drill.hash_v1)
+
+    @step("wait_v1_scaled_down")
+    def before(self) -> dict:
+        if self.load:
+            self.load.start("before")
+        self.drill.start_rollback("before")
+        stopped = None
+        try:
+            self.drill.wait_settled()
+        except WaitTimeout as e:
+            stopped = f"the BEFORE rollback did not settle: {e}"
+        finally:
+            extra = self._load_phases("before", settled=True)
+            self.drill.release_holds()
+            obs = self.drill.recording.finish(extra, stopped_early=stopped)
+        return self._peak_row("before", obs)
+
+    @step("before")
+    def cut_steps(self) -> dict:
+        steps = self.fx["steps_after"]
+        self.drill.cut_steps(steps)
+        ro = self.drill.ro.get(self.drill.name)
+        observed = ro["spec"]["strategy"]["canary"]["steps"]
+        ok = observed == steps and ro["status"].get("phase") == "Healthy"
+        return self.row("cut-steps", self._assertion("steps after the cut (final setWeight removed), Rollout Healthy"),
+                        steps_text(steps), steps_text(observed) + f" ({ro['status'].get('phase')})",
+                        PASS if ok else FAIL, variant=self.ctx.variant)
+
+    @step("cut_steps")
+    def redeploy_v2(self) -> None:
+        self.drill.deploy_v2()
+        self.drill.wait_scaled_to_zero(self.drill.hash_v1)
+
+    @step("redeploy_v2")
+    def after(self) -> dict:
+        d = self.drill
+        if self.load:
+            self.load.start("after")
+        rec = d.start_rollback("after")
+        d.wait_partial_weight()
+        d.observe_for(min(AFTER_EVIDENCE_S, d.spec.hold_seconds / 3), "room for the controller to write more")
+        return self._peak_row("after", rec.observe())
+
+    @step("after")
+    def exit(self) -> list[dict]:
+        """Abort the AFTER rollback while the revived ReplicaSet is partial (the incident posture), then
+        promote --full.  The controller may not act on the abort while the ReplicaSet is partial (the
+        DestinationRule switch waits for full availability): what it did is recorded, not assumed."""
+        d, rec = self.drill, self.drill.recording
+        res = d.ro.abort(d.name)
+        rec.mark("abort", res)
+        d.observe_for(ABORT_SETTLE_S, "the abort reaching the controller")
+        now = rec.derive()
+        partial_at_exit = bool(now.partial) and now.partial[-1][1] is None
+        weight_after_abort = now.canary_weight[-1][1] if now.canary_weight else None
+        res = d.ro.promote(d.name, full=True)
+        rec.mark("promote --full", res)
+        try:
+            d.ro.wait(d.name, healthy_at(d.hash_v1), d.settle_timeout(), progress=d.progress)
+            healthy_ok, healthy_err = True, None
+        except WaitTimeout as e:
+            healthy_ok, healthy_err = False, str(e)
+        if healthy_ok:
+            d.wait_settled(timeout=60)
+        extra = self._load_phases("after", settled=True, exit_mark="abort")
+        d.release_holds()
+        obs = rec.finish(extra)
+        ex = timeline.exit_analysis(timeline.load(Path(obs.timeline)), d.hash_v1, replicas=d.spec.replicas)
+        return self._exit_rows(obs, ex, res, partial_at_exit, weight_after_abort, healthy_ok, healthy_err)
+
+    def _exit_rows(self, obs, ex, res, partial_at_exit, weight_after_abort, healthy_ok, healthy_err) -> list[dict]:
+        ev = obs.timeline
+        reason = None
+        if res is None:
+            reason = "promote --full had nothing to do: the rollback had already completed"
+        elif not partial_at_exit:
+            reason = "the revived ReplicaSet was no longer partial when promote --full was sent"
+        elif not obs.complete:
+            reason = f"timeline incomplete: {'; '.join(obs.incomplete_reasons)}"
+        details = dict(variant=self.ctx.variant, weight_after_abort=weight_after_abort,
+                       partial_at_promote_full=partial_at_exit, weights_after_promote_full=ex["weights_after"],
+                       abort_seen_by_controller=ex["abort_effective"])
+
+        def verdict(ok: bool) -> str:
+            return INCONCLUSIVE if reason else (PASS if ok else FAIL)
+
+        cap = ex["max_weight_until_available"]
+        return [
+            self.row("exit", self._assertion("promote --full clears abort"), False, ex["abort_after_promote_full"],
+                     verdict(ex["abort_after_promote_full"] is False), evidence=ev, reason=reason, **details),
+            self.row("exit", self._assertion("weight never above its value at promote --full until the revived "
+                                             "ReplicaSet is fully available"),
+                     f"<= {ex['weight_at_promote_full']}", cap,
+                     INCONCLUSIVE if reason or cap is None else (PASS if cap <= ex["weight_at_promote_full"] else FAIL),
+                     evidence=ev, reason=reason or (None if cap is not None else
+                                                    "the revived ReplicaSet never became fully available in the "
+                                                    "recording"),
+                     series_text=f"canary weights after promote --full: {ex['weights_after']}", **details),
+            self.row("exit", self._assertion("Healthy at v1 after promote --full"), "Healthy, stableRS = v1",
+                     "Healthy, stableRS = v1" if healthy_ok else healthy_err, verdict(healthy_ok), evidence=ev,
+                     reason=reason, **details),
+        ]
+
+    @step("exit")
+    def load_felt(self) -> list[dict]:
+        """The per-phase load rows of BEFORE and AFTER (the stage lane on the embedded cluster runs load)."""
+        if self.load is None:
+            if self.ctx.variant == "stage" and self.ctx.cluster is not None:
+                raise StepFailed("no load ran during the stage lane")
+            return []
+        phases = {(r["step"], r["assertion"]) for r in self.load_rows}
+        for s in ("before", "after"):
+            if (s, "load.exposure.failure_ratio") not in phases:
+                raise StepFailed(f"no load was measured in the {s} exposure phase")
+        return self.load_rows

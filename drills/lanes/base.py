@@ -1,0 +1,146 @@
+"""The Runbook base every lane is written on.
+
+A lane is a runbook: a class whose methods marked ``@step(...)`` are its steps, run in order by the lane's
+pytest file (lanes/<key>/), one test per step.  A step runs only when the steps it ``needs`` completed; it
+records its ledger rows through ``row()`` (which stamps the lane), and the test asserts them with
+``expect(row)``.  Each lane's data lives in fixtures/lanes/<key>/ with one ``expectations.yaml`` per lane:
+
+    defaults: &seed {...}            # optional anchor
+    versions:
+      v1.8.2: *seed
+      v1.8.5: {unverified: true, reason: "..."}   # a supported version not yet observed in this lane
+
+A version with no entry runs and its rows are ``unverified`` (the expectations test refuses that for a
+supported version, unless the entry says ``unverified: true`` with a reason).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ClassVar
+
+import yaml
+
+from .. import config
+from ..errors import BadInput
+from ..ledger import PASS, UNVERIFIED, Ledger, describe_row
+
+EXPECTATIONS = "expectations.yaml"
+
+
+class StepFailed(AssertionError):
+    """A runbook step could not run or did not complete."""
+
+
+class ExpectationsError(BadInput):
+    """An expectations file that is not in the one layout."""
+
+
+def step(*needs: str):
+    """Mark a Runbook method as a runbook step that runs only after ``needs`` (step names) completed."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def run(self: "Runbook", *args, **kwargs):
+            missing = [n for n in needs if n not in self.done]
+            if missing:
+                raise StepFailed(f"step {fn.__name__!r} cannot run: its prerequisite "
+                                 f"{', '.join(repr(m) for m in missing)} did not complete")
+            self.started.add(fn.__name__)
+            out = fn(self, *args, **kwargs)
+            self.done.add(fn.__name__)
+            return out
+        run.runbook_step = True
+        run.needs = needs
+        return run
+    return deco
+
+
+@dataclass
+class LaneContext:
+    """What a lane runs against: the API, its namespace and evidence folder, the ledger, the version."""
+    api: object
+    namespace: str
+    evidence_dir: Path
+    ledger: Ledger
+    version: str
+    cluster: object = None                     # the embedded cluster (None against a live one)
+    audit_log: Path | None = None
+    variant: str = "stage"
+    options: dict = field(default_factory=dict)   # availability_control, rollback_via, source, crds, user_built
+    log: Callable[[str], None] = print
+
+
+def load_expectations(key: str, data_dir: Path | None = None) -> dict[str, dict]:
+    """version -> entry of fixtures/lanes/<key>/expectations.yaml (the one layout)."""
+    path = (data_dir or config.fixtures_dir() / "lanes" / key) / EXPECTATIONS
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        return {}
+    except yaml.YAMLError as e:
+        raise ExpectationsError(f"{path}: not valid YAML: {e}") from None
+    versions = data.get("versions") if isinstance(data, dict) else None
+    if not isinstance(versions, dict) or not all(isinstance(v, dict) for v in versions.values()):
+        raise ExpectationsError(f"{path}: expected 'versions: {{<version>: {{...}}}}'")
+    for v, entry in versions.items():
+        if entry.get("unverified") and not entry.get("reason"):
+            raise ExpectationsError(f"{path}: {v} is 'unverified: true' without a reason")
+    return versions
+
+
+class Runbook:
+    key: ClassVar[str]
+    title: ClassVar[str]
+    variants: ClassVar[tuple[str, ...]] = ("stage",)
+    extras: ClassVar[tuple[str, ...]] = ()          # toolchain components the lane needs besides the cluster
+
+    def __init__(self, ctx: LaneContext):
+        self.ctx = ctx
+        self.done: set[str] = set()
+        self.started: set[str] = set()
+        entry = load_expectations(self.key).get(ctx.version)
+        self.verified = bool(entry) and not entry.get("unverified")
+        self.expectations: dict = (entry or {}) if self.verified else {}
+
+    # --- data ----------------------------------------------------------------------------------------
+    @classmethod
+    def data_dir(cls) -> Path:
+        return config.fixtures_dir() / "lanes" / cls.key
+
+    @classmethod
+    def tests_dir(cls) -> Path:
+        return config.project_root() / "lanes" / cls.key
+
+    @classmethod
+    def expectation_versions(cls) -> dict[str, dict]:
+        return load_expectations(cls.key)
+
+    def data(self, name: str) -> dict:
+        path = self.data_dir() / name
+        return yaml.safe_load(path.read_text())
+
+    def expected(self, key: str, default=None):
+        return self.expectations.get(key, default)
+
+    # --- rows ----------------------------------------------------------------------------------------
+    def row(self, step: str, assertion: str, expected, observed, verdict: str, evidence=None, reason=None,
+            **details) -> dict:
+        return self.ctx.ledger.record(self.key, step, assertion, expected, observed, verdict, evidence=evidence,
+                                      reason=reason, **details)
+
+    def expect(self, row: dict, also: tuple[str, ...] = ()) -> dict:
+        """The row must pass (``unverified`` only on a version this lane has no expectations for)."""
+        allowed = (PASS, *also) if self.verified else (PASS, UNVERIFIED, *also)
+        assert row["verdict"] in allowed, describe_row(row)
+        return row
+
+    def close(self) -> None:
+        """Stop what the lane started (override; always called)."""
+
+    # --- the report ----------------------------------------------------------------------------------
+    @classmethod
+    def report_sections(cls, cells: dict) -> list[dict]:
+        """Sections of this lane in the matrix (override): ``cells`` maps (version, step, assertion) to the
+        newest row.  A section: {"title", "note", "columns", "rows": [[...]], "callouts": [text]}."""
+        return []
