@@ -46,6 +46,8 @@ class SignalGuard:
         return self
 
     def __exit__(self, *exc):
+        if self._quiet and self._old:
+            return False          # a process that abandoned its restore notes later signals until it exits
         for s, h in self._old.items():
             signal.signal(s, h)
         return False

@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from kubernetes import client
@@ -16,6 +15,9 @@ from drills.cluster import Availability, pid_alive
 from drills.cluster.embedded import listening_ports_of
 from drills.shapes import RolloutSpec, install
 from drills.rollout import HASH_LABEL, Predicate, healthy, paused
+from drills.wait import hold_for, until
+
+HELD_WINDOW_S = 4.0        # evidence window: well past the default release delay (1 s), a held pod stays un-Ready
 
 
 def _vs_weights(kube, ns, name):
@@ -38,10 +40,9 @@ def test_controller_writes_istio_weights_and_promotes(kube, namespace, controlle
     ro.set_image("web", "registry.local/web:v2")
     obj = ro.wait("web", Predicate("paused at step 1", lambda o: paused()(o) and o["status"].get("currentStepIndex") == 1),
                   90)
-    deadline = time.monotonic() + 15     # the Rollout status is written before the VirtualService
-    while _vs_weights(kube, namespace, "web") != {"stable": 75, "canary": 25} and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _vs_weights(kube, namespace, "web") == {"stable": 75, "canary": 25}
+    # the Rollout status is written before the VirtualService
+    until("the VirtualService at 75/25", lambda: _vs_weights(kube, namespace, "web"),
+          lambda w: w == {"stable": 75, "canary": 25}, 15)
     assert obj["status"]["canary"]["weights"]["canary"]["weight"] == 25
 
     dr = client.CustomObjectsApi(kube).get_namespaced_custom_object(
@@ -54,10 +55,8 @@ def test_controller_writes_istio_weights_and_promotes(kube, namespace, controlle
     ro.promote("web")
     ro.wait("web", Predicate("Healthy at the new pod hash", lambda o: healthy()(o) and
                              o["status"]["stableRS"] == obj["status"]["currentPodHash"]), 90)
-    deadline = time.monotonic() + 15
-    while _vs_weights(kube, namespace, "web") != {"stable": 100, "canary": 0} and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _vs_weights(kube, namespace, "web") == {"stable": 100, "canary": 0}
+    until("the VirtualService back at 100/0", lambda: _vs_weights(kube, namespace, "web"),
+          lambda w: w == {"stable": 100, "canary": 0}, 15)
 
 
 @pytest.mark.single_version
@@ -69,23 +68,15 @@ def test_held_pod_stays_unavailable_until_released(kube, namespace, cluster):
         ro = _deploy(kube, namespace, spec)
         apps = client.AppsV1Api(kube)
         core = client.CoreV1Api(kube)
-        deadline = time.monotonic() + 30
-        pods = []
-        while time.monotonic() < deadline and len(pods) < 2:
-            pods = core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/name=held").items
-            time.sleep(0.1)
-        assert len(pods) == 2
-        time.sleep(4)        # well past the default release delay
+        pods = until("the Rollout's two pods", lambda: core.list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/name=held").items, lambda ps: len(ps) == 2, 30)
+        hold_for(HELD_WINDOW_S, "held pods stay un-Ready past the default release delay")
         rs = apps.list_namespaced_replica_set(namespace).items[0]
         assert rs.spec.replicas == 2 and (rs.status.available_replicas or 0) == 0
         av.release_pod(namespace, pods[0].metadata.name)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            rs = apps.read_namespaced_replica_set(rs.metadata.name, namespace)
-            if (rs.status.available_replicas or 0) == 1:
-                break
-            time.sleep(0.1)
-        time.sleep(2)
+        until("the released pod available", lambda: apps.read_namespaced_replica_set(rs.metadata.name, namespace),
+              lambda r: (r.status.available_replicas or 0) == 1, 20)
+        hold_for(HELD_WINDOW_S / 2, "the other pod stays held")
         rs = apps.read_namespaced_replica_set(rs.metadata.name, namespace)
         assert (rs.status.available_replicas or 0) == 1, "exactly the released pod is available"
         av.unhold(hid)
@@ -118,8 +109,7 @@ def test_down_leaves_no_process_and_no_port(controller_version, cluster):
     assert ports, "the running cluster listens somewhere"
     r = _drills("cluster", "down", env=env)
     assert r.returncode == 0, r.stderr
-    time.sleep(0.5)
-    assert [p for p in pids if pid_alive(p)] == []
+    until("every process of the cluster gone", lambda: [p for p in pids if pid_alive(p)], lambda alive: not alive, 10)
     for port in ports:
         with socket.socket() as s:
             s.settimeout(0.3)

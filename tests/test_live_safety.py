@@ -103,10 +103,9 @@ def test_app_and_sidecar_drill_changes_only_the_app_and_restores_the_spec_exactl
     journal = next(live_cmd.reports.glob("*/journal.json"))
     assert safety.Journal.load(journal).state == "restored"
     # a restored journal is not replayed: nothing to do, nothing sent
-    rv = after["metadata"]["resourceVersion"]
     r = drills_cmd("restore", "--journal", journal, "--allow-context", live_cmd.context)
     assert r.returncode == 0 and "nothing to do" in r.stdout, r.stderr
-    assert rl.get("svc")["metadata"]["resourceVersion"] == rv
+    assert rl.get("svc")["metadata"]["generation"] == after["metadata"]["generation"]
 
 
 # --- 2 and 4: kill -9, the lease stays and names the journal; restore refuses a Rollout that moved on -----------
@@ -125,12 +124,14 @@ def test_sigkill_leaves_the_lease_and_restore_finishes_it_unless_someone_else_ch
     r = live_cmd("--dry-run")
     assert r.returncode == 2 and "held by another drill" in r.stderr and journal in r.stderr, r.stderr
     # someone else moves the Rollout on: restore must not overwrite it
-    rl.set_image("svc", "registry.local/svc:v3", container="app")
-    rv = rl.get("svc")["metadata"]["resourceVersion"]
+    moved = rl.set_image("svc", "registry.local/svc:v3", container="app")
     r = drills_cmd("restore", "--journal", journal, "--allow-context", live_cmd.context)
     assert r.returncode == 2, r.stderr
     assert "moved on" in r.stderr and "spec.template" in r.stderr and "svc:v3" in r.stderr
-    assert rl.get("svc")["metadata"]["resourceVersion"] == rv
+    # nothing sent: the spec is the other writer's (the controller keeps writing the status, not the spec)
+    now = rl.get("svc")
+    assert now["metadata"]["generation"] == moved["metadata"]["generation"]
+    assert container_images(now["spec"]["template"])["app"] == "registry.local/svc:v3"
     # that change undone (the Rollout back where the drill left it): restore finishes and releases the lease
     rl.set_image("svc", d.spec.image_v1, container="app")
     r = drills_cmd("restore", "--journal", journal, "--allow-context", live_cmd.context, timeout=400)
@@ -217,7 +218,9 @@ def test_canary_without_steps_on_a_real_rollout_is_exit_2_and_sends_nothing(kube
         "argoproj.io", "v1alpha1", namespace, "rollouts", "svc",
         [{"op": "remove", "path": "/spec/strategy/canary/steps"}],
         _content_type="application/json-patch+json")
-    rv = Rollouts(kube, namespace).get("svc")["metadata"]["resourceVersion"]
+    generation = Rollouts(kube, namespace).get("svc")["metadata"]["generation"]
     r = live_cmd()
     assert r.returncode == 2 and "no steps" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert Rollouts(kube, namespace).get("svc")["metadata"]["resourceVersion"] == rv
+    ro = Rollouts(kube, namespace).get("svc")
+    assert ro["metadata"]["generation"] == generation and safety.LEASE_ANNOTATION not in (
+        ro["metadata"].get("annotations") or {})

@@ -10,7 +10,9 @@ Everything runs on working copies of fixtures/fleet; the registry is the real `r
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+from functools import cached_property
 from pathlib import Path
 
 from .. import recorder, timeline
@@ -44,8 +46,8 @@ class LaneB(Runbook):
 
     def __init__(self, ctx: LaneContext):
         super().__init__(ctx)
-        self.work = Path(ctx.evidence_dir) / "lane-b"
-        self.work.mkdir(parents=True, exist_ok=True)
+        self._tmp = tempfile.TemporaryDirectory(prefix="drills-lane-b-")   # working copies of the fleet
+        self.work = Path(self._tmp.name)
         self.fleet = Fleet()
         self.helm = Helm()
         self._registry: Registry | None = None
@@ -60,6 +62,7 @@ class LaneB(Runbook):
         if self._registry is not None:
             self._registry.stop()
         self.helm.close()
+        self._tmp.cleanup()
 
     def _record(self, step_name: str, assertion: str, expected, observed, ok: bool, evidence: dict, **details):
         """One lane B row; the full result goes to <run_dir>/lane_b/<step>.json as evidence."""
@@ -68,8 +71,10 @@ class LaneB(Runbook):
         path.write_text(json.dumps(evidence, indent=2, default=str))
         return self.row(step_name, assertion, expected, observed, PASS if ok else FAIL, evidence=str(path), **details)
 
+    @cached_property
     def inheritor(self) -> str:
-        return inheritors(self.fleet, LANE_ENV, self.helm, self.work / "probe", PINNED)[0]
+        """The first app of the lane's environment that declares no steps of its own (it inherits the base's)."""
+        return inheritors(self.fleet, LANE_ENV, self.helm, self.work / "inheritors", PINNED)[0]
 
     # --- the runbook ------------------------------------------------------------------------------------
     @step()
@@ -97,7 +102,7 @@ class LaneB(Runbook):
 
     @step()
     def propagation(self) -> dict:
-        service = self.inheritor()
+        service = self.inheritor
         res = check_propagation(self.fleet, LANE_ENV, service, CANDIDATE, self.helm, self.registry,
                                 self.work / "propagation")
         return self._record(
@@ -110,7 +115,7 @@ class LaneB(Runbook):
 
     @step()
     def first_deploy(self) -> list[dict]:
-        service = self.inheritor()
+        service = self.inheritor
         for version in (PINNED, CANDIDATE):
             ensure_published(self.helm, self.registry, version, self.work / "pkg")
         ws = Workspace(self.fleet, self.work / "ws", self.helm, self.registry.url)

@@ -1,0 +1,113 @@
+"""Legs, plans and shards (no cluster): every leg in exactly one shard, shards balanced, merges checked."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from drills import config, legs, runner
+from drills.errors import BadInput
+from drills.ledger import Ledger, read_rows
+
+
+def drills(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "drills", *args], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_plan_lists_one_leg_per_version_lane_variant_in_a_stable_order(tmp_path):
+    env = {"DRILLS_CACHE": str(tmp_path / "cache")}
+    r = drills("run", "--plan", "--json", "--controller", "all", "--lanes", "all", env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    ids = [x["id"] for x in doc["legs"]]
+    assert len(ids) == 20 == len(set(ids)) == doc["total_legs"]
+    assert all({"controller", "lane", "variant"} <= set(x) for x in doc["legs"])
+    assert ids[:4] == ["v1.7.2/a/stage", "v1.7.2/b/stage", "v1.7.2/abort/stage", "v1.7.2/order/stage"]
+    assert ids == [x["id"] for x in json.loads(drills("run", "--plan", "--json", "--controller", "all", "--lanes",
+                                                      "all", env=env).stdout)["legs"]]
+    both = json.loads(drills("run", "--plan", "--json", "--lanes", "a,b", "--variant", "both", env=env).stdout)
+    assert [x["id"] for x in both["legs"]] == ["v1.8.2/a/stage", "v1.8.2/a/prod", "v1.8.2/b/stage"]
+    assert not (tmp_path / "cache" / "rollouts").exists(), "a plan builds nothing"
+
+
+def test_shards_partition_the_plan(tmp_path):
+    env = {"DRILLS_CACHE": str(tmp_path / "cache")}
+    whole = [x["id"] for x in json.loads(drills("run", "--plan", "--json", "--controller", "all", "--lanes", "all",
+                                                env=env).stdout)["legs"]]
+    parts = [[x["id"] for x in json.loads(drills("run", "--plan", "--json", "--controller", "all", "--lanes", "all",
+                                                 "--shard", f"{i}/3", env=env).stdout)["legs"]] for i in (1, 2, 3)]
+    assert sorted(sum(parts, [])) == sorted(whole) and len(sum(parts, [])) == len(whole)
+    assert all(parts)
+
+
+def test_shards_are_balanced_by_measured_durations():
+    plan = legs.plan(["v1.8.2", "v1.10.2"], ["a", "b", "abort", "order"])
+    durations = {"v1.8.2/abort/stage": 600.0, "v1.10.2/abort/stage": 590.0}
+    shards = legs.assign_shards(plan, 2, durations)
+    load = {1: 0.0, 2: 0.0}
+    for leg in plan:
+        load[shards[leg.id]] += legs.estimate(leg, durations)
+    assert shards["v1.8.2/abort/stage"] != shards["v1.10.2/abort/stage"]
+    assert abs(load[1] - load[2]) <= max(legs.estimate(x, durations) for x in plan)
+    assert legs.digest(plan, durations) != legs.digest(plan, {})
+
+
+@pytest.mark.parametrize("text", ["0/2", "3/2", "a/b", "1-2", "", "1/0"])
+def test_bad_shard_is_bad_input(text):
+    with pytest.raises(BadInput, match="--shard"):
+        legs.parse_shard(text)
+
+
+def test_default_jobs_is_bounded_by_the_legs():
+    assert runner.default_jobs(1) == 1
+    assert 1 <= runner.default_jobs() <= 3 * (os.cpu_count() or 1)
+
+
+def _shard_folder(root, name, digest, leg_ids, rows):
+    d = root / name
+    led = Ledger(d, name, "embedded", "v1.8.2")
+    for lane, step, verdict in rows:
+        led.record(lane, step, f"{step} holds", 1, 1, verdict, evidence=None)
+    (d / "v1.8.2").mkdir(parents=True, exist_ok=True)
+    (d / "v1.8.2" / f"{name}.timeline.jsonl").write_text("{}\n")
+    (d / "run.json").write_text(json.dumps({"plan_digest": digest, "legs": [{"id": i} for i in leg_ids],
+                                            "all_legs": ["v1.8.2/a/stage", "v1.8.2/b/stage"]}))
+    return d
+
+
+def test_merge_makes_one_run_folder_as_if_one_machine_ran_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRILLS_REPORTS", str(tmp_path / "reports"))
+    s1 = _shard_folder(tmp_path, "s1", "abc", ["v1.8.2/a/stage"], [("a", "before", "pass"), ("a", "after", "pass")])
+    s2 = _shard_folder(tmp_path, "s2", "abc", ["v1.8.2/b/stage"], [("b", "merge-alone", "pass")])
+    merged = runner.merge([s1, s2], dest=tmp_path / "reports" / "merged")
+    rows = read_rows(merged / "ledger.json")
+    assert {(r["lane"], r["step"], r["verdict"]) for r in rows} == {
+        ("a", "before", "pass"), ("a", "after", "pass"), ("b", "merge-alone", "pass")}
+    assert {r["run_id"] for r in rows} == {"merged"}
+    assert (merged / "v1.8.2" / "s1.timeline.jsonl").is_file() and (merged / "v1.8.2" / "s2.timeline.jsonl").is_file()
+    assert (merged / "report.html").is_file()
+
+
+def test_merge_refuses_shards_of_different_plans_or_a_leg_twice(tmp_path):
+    s1 = _shard_folder(tmp_path, "s1", "abc", ["v1.8.2/a/stage"], [("a", "before", "pass")])
+    s2 = _shard_folder(tmp_path, "s2", "xyz", ["v1.8.2/b/stage"], [("b", "merge-alone", "pass")])
+    with pytest.raises(BadInput, match="different plans"):
+        runner.merge([s1, s2], dest=tmp_path / "m1")
+    s3 = _shard_folder(tmp_path, "s3", "abc", ["v1.8.2/a/stage"], [("a", "before", "pass")])
+    with pytest.raises(BadInput, match="in two run folders"):
+        runner.merge([s1, s3], dest=tmp_path / "m2")
+    with pytest.raises(BadInput, match="not a run folder"):
+        runner.merge([tmp_path], dest=tmp_path / "m3")
+
+
+def test_durations_are_kept_per_leg_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRILLS_CACHE", str(tmp_path))
+    leg = legs.Leg("v1.8.2", "a")
+    legs.record_duration(leg, 123.45)
+    assert legs.read_durations() == {"v1.8.2/a/stage": 123.5}
+    assert legs.durations_file() == tmp_path / "legs" / "durations.json"
+    assert config.cache_dir() == tmp_path
