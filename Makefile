@@ -1,8 +1,11 @@
 # The two set-up commands of README.md.  Each installs what it needs; Go builds are cached in
-# ${DRILLS_CACHE:-~/.cache/drills}, so a second run starts in seconds.
+# ${DRILLS_CACHE:-~/.cache/drills}, so a second run starts in seconds.  Binaries build while the drills whose
+# binaries are ready already run (a lock per component keeps concurrent builders apart).
 PYTHON ?= python3
 TEST_CONTROLLERS ?= v1.8.2,v1.10.2
-EXTRAS ?= registry,prometheus
+# pytest-xdist workers for the framework's own tests (each with an embedded cluster of its own); the drills
+# themselves run in one of them, their legs in parallel (drills run's default -j)
+TEST_WORKERS ?= 3
 
 .PHONY: drills test install toolchain
 
@@ -10,13 +13,12 @@ install:
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e .
 
 toolchain: install
-	$(PYTHON) -m drills toolchain build --controller $(TEST_CONTROLLERS) --extra $(EXTRAS)
+	$(PYTHON) -m drills toolchain build --controller $(TEST_CONTROLLERS) --extra registry,prometheus
 
 # The main job: the drills on the embedded default cluster, writing reports/.
 drills: install
-	$(PYTHON) -m drills toolchain build --extra $(EXTRAS)
 	$(PYTHON) -m drills run $(DRILLS_ARGS)
 
-# The tests: the framework's own tests and the drills, on v1.8.2 and v1.10.2.
-test: toolchain
-	$(PYTHON) -m pytest -p no:locust -q -rfE --controller $(TEST_CONTROLLERS) tests lanes
+# The tests: the framework's own tests and the drills (every lane), on v1.8.2 and v1.10.2.
+test: install
+	$(PYTHON) -m pytest -p no:locust -q -rfE -n $(TEST_WORKERS) --dist loadfile --controller $(TEST_CONTROLLERS) tests

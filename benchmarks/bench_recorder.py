@@ -17,7 +17,7 @@ from kubernetes import client
 
 from drills import recorder
 from drills.cluster import EmbeddedCluster
-from drills.pytest_plugin import _drop_namespace, _make_namespace
+from drills.cluster.namespaces import drop_namespace, make_namespace
 
 
 def pct(xs, q):
@@ -35,7 +35,7 @@ def main():
         c.up()
     api = c.api_client()
     ns = f"bench-rec-{uuid.uuid4().hex[:5]}"
-    _make_namespace(api, ns)
+    make_namespace(api, ns)
     co = client.CustomObjectsApi(api)
     g = ("networking.istio.io", "v1alpha3", ns, "virtualservices")
     vs = {"apiVersion": "networking.istio.io/v1alpha3", "kind": "VirtualService", "metadata": {"name": "web"},
@@ -59,7 +59,7 @@ def main():
         time.sleep(1.0)
     finally:
         result = rec.stop()
-        _drop_namespace(api, ns)
+        drop_namespace(api, ns)
     rows = {r["rv"]: r["wall"] for r in rec.records if r["kind"] == "VirtualService"}
     upper = [(rows[rv] - ts) * 1000 for rv, (ts, _) in sent.items() if rv in rows]
     after = [(rows[rv] - tr) * 1000 for rv, (_, tr) in sent.items() if rv in rows]

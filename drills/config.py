@@ -71,7 +71,7 @@ def user_config_file() -> Path:
 
 
 # --- drill defaults -------------------------------------------------------------
-EMBEDDED_CLUSTER_NAME = os.environ.get("DRILLS_CLUSTER", "drills")
+EMBEDDED_CLUSTER_NAME = "drills"          # the default cluster; $DRILLS_CLUSTER names another
 NAMESPACE_OPT_IN_LABEL = "drills.dev/allow"
 DEFAULT_POD_READY_DELAY = 1.0        # seconds an unheld pod waits before Ready
 DEFAULT_HOLD_SECONDS = 15.0          # per pod under a hold

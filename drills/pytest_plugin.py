@@ -52,6 +52,12 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):  # noqa: F811 (pytest names the argument)
+    # a pytest-xdist worker gets an embedded cluster of its own (named apart; its children inherit the name)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        base = os.environ.get("DRILLS_CLUSTER") or settings.EMBEDDED_CLUSTER_NAME
+        if not base.endswith(f"-{worker}"):
+            os.environ["DRILLS_CLUSTER"] = f"{base}-{worker}"
     config.addinivalue_line("markers", "single_version: run on the first configured controller version only")
     config.addinivalue_line("markers", "lane(name): the drill lane a test belongs to")
 

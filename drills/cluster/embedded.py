@@ -8,12 +8,14 @@ availability control (later also the mesh emulator, Prometheus, a chart registry
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -33,6 +35,22 @@ class ClusterError(RuntimeError):
 
 class ClusterInputError(ClusterError):
     """Bad input or a refused start: an occupied port, a missing binary, an unknown version (exit 2)."""
+
+
+KWOK_PORTS = ("etcdPort", "etcdPeerPort", "kubeControllerManagerPort", "kubeSchedulerPort", "kwokControllerPort")
+
+
+@contextmanager
+def creation_lock():
+    """One `kwokctl create` at a time on this machine (their start-up is short; their ports must not race)."""
+    path = config.cache_dir() / "locks" / "cluster-create.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class EmbeddedCluster:
@@ -241,6 +259,9 @@ class EmbeddedCluster:
             "kubeAuditPolicy": str(audit_policy),
             "quietPull": True,
         }
+        # every port named here: kwokctl's own choice counts down from 32767 in each process, so two clusters
+        # created at once would pick the same ports
+        opts.update({key: free_port() for key in KWOK_PORTS})
         if api_port:
             opts["kubeApiserverPort"] = api_port
         conf = {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "options": opts}
@@ -251,8 +272,9 @@ class EmbeddedCluster:
                     "controller_binary": None, "processes": [],
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         self.log("cluster: starting control plane (kwokctl, binary runtime)")
-        self._kwokctl("create", "cluster", "--name", self.name, "-c", str(conf_path),
-                      "--kubeconfig", str(self.kubeconfig), timeout=180)
+        with creation_lock():
+            self._kwokctl("create", "cluster", "--name", self.name, "-c", str(conf_path),
+                          "--kubeconfig", str(self.kubeconfig), timeout=180)
         server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
         audit_log = self.kwok_workdir / "clusters" / self.name / "logs" / "audit.log"
         st = self.state()
@@ -268,6 +290,12 @@ class EmbeddedCluster:
         self._start_releaser()
         self._start_controller(controller_binary)
         self._wait_sentinel(api)
+        dead = [name for name, pid in self._kwok_pids().items() if not pid_alive(pid)]
+        if dead:
+            logs = self.kwok_workdir / "clusters" / self.name / "logs"
+            tails = "; ".join(f"{n}: {(logs / f'{n}.log').read_text()[-300:].strip()}" for n in dead
+                              if (logs / f"{n}.log").is_file())
+            raise ClusterError(f"control-plane process(es) {', '.join(dead)} exited while the cluster started: {tails}")
         st = self.state()
         st["ready"] = True
         st["controller_binary"] = None if controller_binary == self.tc.rollouts_dir(version) / "rollouts-controller" \

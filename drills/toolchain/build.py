@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -278,16 +280,37 @@ class Toolchain:
 
     # --- building ---------------------------------------------------------------------------
     def ensure(self, comps: list[Component]) -> None:
+        """Build what is missing.  A file lock per component makes concurrent builders on one cache safe: the
+        second waits for the first (saying so) and then finds the component built."""
         todo = [c for c in comps if not self.is_built(c)]
         if not todo:
             return
         require_go()
         self.log(f"toolchain: {len(todo)} component(s) to build: {', '.join(c.key for c in todo)}")
         for i, comp in enumerate(todo, 1):
-            self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} ...")
-            t0 = time.monotonic()
-            self.build(comp)
-            self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} built in {time.monotonic() - t0:.0f}s")
+            with self._locked(comp):
+                if self.is_built(comp):
+                    self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} was built meanwhile")
+                    continue
+                self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} ...")
+                t0 = time.monotonic()
+                self.build(comp)
+                self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} built in {time.monotonic() - t0:.0f}s")
+
+    @contextmanager
+    def _locked(self, comp: Component):
+        path = self.root / "locks" / f"{re.sub(r'[^A-Za-z0-9.]+', '-', comp.key)}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.log(f"toolchain: {comp.key} is being built by another process; waiting for it")
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
     def _env(self, comp: Component) -> dict:
         env = dict(os.environ)
