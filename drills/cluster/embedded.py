@@ -37,7 +37,8 @@ class ClusterInputError(ClusterError):
     """Bad input or a refused start: an occupied port, a missing binary, an unknown version (exit 2)."""
 
 
-KWOK_PORTS = ("etcdPort", "etcdPeerPort", "kubeControllerManagerPort", "kubeSchedulerPort", "kwokControllerPort")
+KWOK_PORTS = ("kubeApiserverPort", "etcdPort", "etcdPeerPort", "kubeControllerManagerPort", "kubeSchedulerPort",
+              "kwokControllerPort")
 
 
 @contextmanager
