@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,6 +21,7 @@ import yaml
 
 from . import config
 from .errors import BadInput
+from .wait import WaitTimeout, until
 
 
 class HelmError(RuntimeError):
@@ -213,13 +213,13 @@ class Registry:
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
             logf.close()
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    break
-                if self._answers():
-                    return self
-                time.sleep(0.1)
+            try:
+                until(f"the registry to answer on {self.host}/v2/", lambda: self.proc.poll() is not None or
+                      self._answers(), timeout=timeout, interval=0.1)
+            except WaitTimeout:
+                pass
+            if self.proc.poll() is None and self._answers():
+                return self
             last = self.log_path.read_text()[-2000:]
             self._terminate()
             if "address already in use" not in last:

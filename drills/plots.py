@@ -219,3 +219,34 @@ def plot_series(series: dict, out_png: Path) -> Path:
     fig.savefig(tmp, format="png", dpi=100)
     os.replace(tmp, out_png)
     return out_png
+
+
+def plot_paths(paths: dict[str, list | None], title: str, out_png: Path) -> Path:
+    """Weight paths side by side, one panel each (t = 0: the action of the panel), for one version."""
+    from matplotlib.figure import Figure      # deferred: a heavy import, needed only when drawing
+
+    names = list(paths)
+    fig = Figure(figsize=(3.2 * max(1, len(names)), 3.6), dpi=100)
+    axes = fig.subplots(1, max(1, len(names)), sharey=True, squeeze=False)[0]
+    for ax, name in zip(axes, names):
+        pts = [[num(p[0]), num(p[1])] for p in paths.get(name) or [] if p and len(p) > 1]
+        x_hi = max([p[0] for p in pts if p[0] is not None] + [10.0]) + 5.0
+        xs, ys = _steps(pts, x_hi)
+        if xs:
+            ax.plot(xs, ys, drawstyle="steps-post", color=WEIGHT_COLOUR, lw=2.4)
+        else:
+            ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes, color="#777777")
+        ax.axvline(0, color="#333333", ls=":", lw=1.2)
+        ax.set_title(name, fontsize=11, fontweight="bold")
+        ax.set_ylim(-3, 103)
+        ax.set_yticks([0, 25, 50, 75, 100])
+        ax.grid(True, axis="y", color="#dddddd", lw=0.8)
+        ax.set_xlabel("seconds since the escape")
+    axes[0].set_ylabel("canary weight (%)")
+    fig.suptitle(title, fontsize=12, fontweight="bold")
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.83, bottom=0.16, wspace=0.08)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_png.with_name(out_png.name + ".tmp.png")
+    fig.savefig(tmp, format="png", dpi=100)
+    os.replace(tmp, out_png)
+    return out_png

@@ -10,7 +10,6 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 from . import config
 from .mesh import require_loopback
 from .procs import free_port, stop_process, wait_http
+from .wait import WaitTimeout, until
 
 
 class PrometheusError(RuntimeError):
@@ -105,12 +105,11 @@ class Prometheus:
         return {t["scrapeUrl"]: t["health"] for t in body["data"]["activeTargets"]}
 
     def wait_scraped(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.targets_up() and all(h == "up" for h in self.targets_up().values()):
-                return
-            time.sleep(0.5)
-        raise PrometheusError(f"targets not up after {timeout}s: {self.targets_up()}")
+        try:
+            until("every scrape target up", self.targets_up, lambda t: bool(t) and all(h == "up" for h in t.values()),
+                  timeout, interval=0.5)
+        except WaitTimeout as e:
+            raise PrometheusError(str(e)) from None
 
     def stop(self, keep_data: bool = False) -> None:
         stop_process(self.proc, timeout=15)

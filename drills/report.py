@@ -355,7 +355,7 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
     for lane in LANES:
         lane_cells = {(c, k[1], k[2]): e[1] for (k, c), e in cells.items() if k[0] == lane.key}
         entries = {(c, k[1], k[2]): e for (k, c), e in cells.items() if k[0] == lane.key}
-        for sec in lane.report_sections(lane_cells):
+        for sec in lane.report_sections(lane_cells, reports_root):
             sections.append(_lane_section(sec, entries, reports_root))
     page = {"title": "Drills — controller version × assertion matrix", "meta": [],
             "notes": ([EMULATION_NOTE] if any_load else []) + [WEIGHT_NOTE], "sections": sections}
@@ -376,6 +376,11 @@ def _lane_section(sec: dict, entries: dict, start: Path) -> dict:
                     parts.append((r["assertion"], matrix_cell(e, start)))
             out.append(cell(parts=parts) if parts else cell("—"))
         rows.append(out)
+    items = [{"table": {"columns": sec["columns"], "rows": rows, "head_col": True}}] if rows else []
+    for f in sec.get("figures") or []:
+        png = Path(f["png"])
+        items.append({"figure": {"src": href(png, start), "src_md": md_target(png, start), "caption": f["caption"],
+                                 "series_href": href(png, start), "series_href_md": md_target(png, start),
+                                 "series_label": rel(png, start), "load": None}})
     return {"title": sec["title"], "intro": sec.get("note"), "callouts": sec.get("callouts") or [],
-            "empty": None if rows else "No rows.",
-            "items": [{"table": {"columns": sec["columns"], "rows": rows, "head_col": True}}]}
+            "empty": None if items else "No rows.", "items": items}

@@ -238,8 +238,6 @@ class Rollouts:
         """`kubectl argo rollouts set image NAME CONTAINER=IMAGE`: GET, change, Update (``*`` = every container,
         as the plugin; drills always name the application container)."""
         ro = self.get(name)
-        if self.journal:
-            self.journal.before_spec_change(ro)
         new = copy.deepcopy(ro)
         spec = new["spec"].get("template", {}).get("spec") or {}
         hit = False
@@ -250,6 +248,8 @@ class Rollouts:
                     hit = True
         if not hit:
             raise RolloutShapeError(f"unable to find container named {container!r}")
+        if self.journal:
+            self.journal.before_spec_change(ro, intended=new)
 
         def update():
             try:
@@ -267,7 +267,7 @@ class Rollouts:
         """A values change that edits the canary steps (a merge patch replaces the list, as Helm does)."""
         ro = self.get(name)
         if self.journal:
-            self.journal.before_spec_change(ro)
+            self.journal.before_spec_change(ro, intended=_with(ro, ("strategy", "canary", "steps"), steps))
         return self._merge_patch(name, "set steps", {"spec": {"strategy": {"canary": {"steps": steps}}}})
 
     def gitops_rollback(self, name: str, template: dict) -> dict:
@@ -275,7 +275,7 @@ class Rollouts:
         replaced as given, so nothing of the current one is merged into it."""
         ro = self.get(name)
         if self.journal:
-            self.journal.before_spec_change(ro)
+            self.journal.before_spec_change(ro, intended=_with(ro, ("template",), template))
         patch = [{"op": "replace", "path": "/spec/template", "value": template}]
         return self._send("gitops rollback", name, patch, lambda: self.co.patch_namespaced_custom_object(
             GROUP, VERSION, self.ns, PLURAL, name, patch, _content_type="application/json-patch+json"))
@@ -304,7 +304,7 @@ class Rollouts:
             self.log(f"skipped rollback (current template already matches revision {to_revision})")
             return None
         if self.journal:
-            self.journal.before_spec_change(ro)
+            self.journal.before_spec_change(ro, intended=_with(ro, ("template",), template))
         patch = [{"op": "replace", "path": "/spec/template", "value": template}]
         return self._send("undo", name, patch, lambda: self.co.patch_namespaced_custom_object(
             GROUP, VERSION, self.ns, PLURAL, name, patch, _content_type="application/json-patch+json"))
@@ -473,6 +473,16 @@ class Rollouts:
                         ((rs.get("status") or {}).get("replicas") or 0) == 0
             return False
         self.wait_replicasets(name, f"ReplicaSet {pod_hash} scaled to 0", done, timeout)
+
+
+def _with(ro: dict, path: tuple, value) -> dict:
+    """A copy of the Rollout with spec.<path> set: what a spec write is meant to leave (the journal's intent)."""
+    out = copy.deepcopy(ro)
+    node = out.setdefault("spec", {})
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = copy.deepcopy(value)
+    return out
 
 
 def _equal_ignore_hash(a: dict, b: dict) -> bool:

@@ -207,8 +207,12 @@ class Journal:
         return f"{ns}/{name}"
 
     # recording -----------------------------------------------------------------------------------------
-    def before_spec_change(self, ro: dict):
+    def before_spec_change(self, ro: dict, intended: dict | None = None):
+        """The Rollout as it is before a spec write, and (``intended``) what the write is meant to leave: recorded
+        before the write is sent, so a write whose answer never came is still known as the drill's own."""
         self._remember(ro)
+        if intended is not None:
+            self.after_spec_change(intended)
 
     def before_status_change(self, ro: dict):
         self._remember(ro)

@@ -202,3 +202,39 @@ def live_cmd(cluster, namespace, tmp_path):
     run.context = ctx
     run.reports = tmp_path / "reports"
     return run
+
+
+AUDIT_FLUSH_S = 1.0     # evidence window: the apiserver's audit log has written the requests of a finished command
+
+
+@pytest.fixture
+def audit_mutations(cluster):
+    """mutations(namespace, since) -> the mutating requests of the Python client in the namespace since then."""
+    from drills.wait import hold_for
+
+    def mutations(namespace: str, since: float) -> list[dict]:
+        hold_for(AUDIT_FLUSH_S, "the audit log catching up")
+        return mutations_since(cluster.status()["audit_log"], namespace, since)
+    return mutations
+
+
+def mutations_since(audit_log: str | Path, namespace: str, since: float) -> list[dict]:
+    """Mutating requests the Python client (drills, or the test itself) sent into ``namespace`` since ``since``
+    (wall time), from the apiserver's own audit log; the controllers' writes are not counted."""
+    from datetime import datetime
+    out = []
+    with open(audit_log) as f:
+        for line in f:
+            ev = json.loads(line)
+            if ev.get("verb") not in ("create", "update", "patch", "delete", "deletecollection"):
+                continue
+            if (ev.get("objectRef") or {}).get("namespace") != namespace:
+                continue
+            if not (ev.get("userAgent") or "").startswith("OpenAPI-Generator"):
+                continue        # the controllers' own writes
+            if (ev.get("objectRef") or {}).get("resource") == "namespaces":
+                continue
+            ts = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+            if ts >= since:
+                out.append(ev)
+    return out

@@ -3,11 +3,11 @@ identical Rollouts, leaves both in the same state."""
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 
 from drills.shapes import RolloutSpec, install
+from drills.wait import WaitTimeout, hold_for, until
 from drills.rollout import Predicate, Rollouts, aborted, healthy, paused
 from drills.toolchain import Toolchain
 
@@ -45,14 +45,16 @@ class Pair:
         return r.stdout
 
     def settle(self, pred: Predicate, timeout=90) -> tuple[dict, dict]:
-        a = self.ro.wait("by-drills", pred, timeout)
-        b = self.ro.wait("by-plugin", pred, timeout)
-        # both stable under the same predicate: compare what matters
-        deadline = time.monotonic() + 15
-        while _state(a) != _state(b) and time.monotonic() < deadline:
-            time.sleep(0.3)
-            a, b = self.ro.get("by-drills"), self.ro.get("by-plugin")
-        return _state(a), _state(b)
+        self.ro.wait("by-drills", pred, timeout)
+        self.ro.wait("by-plugin", pred, timeout)
+        # both stable under the same predicate: compare what matters, once both settled alike
+        try:
+            until("the two Rollouts in the same state", lambda: (_state(self.ro.get("by-drills")),
+                                                                 _state(self.ro.get("by-plugin"))),
+                  lambda ab: ab[0] == ab[1], 15, interval=0.3)
+        except WaitTimeout:
+            pass
+        return _state(self.ro.get("by-drills")), _state(self.ro.get("by-plugin"))
 
 
 def _at(index, phase):
@@ -102,8 +104,8 @@ def test_actions_match_the_plugin(kube, cluster, namespace, controller_version):
     a, b = p.settle(Predicate("restartAt set", lambda o: bool(o["spec"].get("restartAt"))))
     assert a == b and a["restartAt"] is True
 
-    # undo (to the previous revision: v1)
-    time.sleep(1.0)
+    # undo (to the previous revision: v1); ReplicaSets compared by creation time at 1 s precision
+    hold_for(1.0, "a second between the ReplicaSets compared")
     p.ro.undo("by-drills")
     p.plugin_run("undo", "by-plugin")
     a, b = p.settle(Predicate("back on v1", lambda o: o["spec"]["template"]["spec"]["containers"][0]["image"]

@@ -10,6 +10,7 @@ import pytest
 
 from drills import load
 from drills.ledger import Ledger, read_rows
+from drills.wait import hold_for, until
 
 SLOW_MS = 80
 
@@ -111,16 +112,14 @@ def test_locust_run_per_phase_stats_and_ledger_rows(server, tmp_path):
 def test_stop_ends_a_long_run_early_and_keeps_outputs(server, tmp_path):
     url = f"http://127.0.0.1:{server.server_address[1]}"
     run = load.start_load(url, tmp_path, users=2, spawn_rate=2, run_time_s=120, rate_per_user=5, name="early")
-    deadline = time.monotonic() + 30
-    while not run.records() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    until("Locust's first records", run.records, bool, 30, interval=0.2)
     t0 = time.monotonic()
     run.stop()
     assert time.monotonic() - t0 < load.KILL_GRACE_S, "Locust did not stop on SIGINT"
     assert not run.running()
     assert run.records() and (tmp_path / "early_stats.csv").is_file()
     n = len(run.records())
-    time.sleep(0.5)
+    hold_for(0.5, "no request after the stop")
     assert len(run.records()) == n
 
 

@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client, config as kconfig
 
 from drills import mesh, mesh_server, prometheus
+from drills.wait import hold_for, until
 from drills.cluster import Availability
 
 ISTIO = ("networking.istio.io", "v1alpha3")
@@ -29,15 +30,12 @@ def _get(url: str) -> tuple[int, str, dict]:
         return e.code, e.read().decode(), dict(e.headers)
 
 
+BUCKET_REFILL_S = 1.5     # evidence window: a pod's token bucket (20 rps, burst 20) full again
+SCRAPES_S = 6.0           # evidence window: several 1 s scrapes of traffic for irate to read
+
+
 def _until(fn, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+    return until(what, fn, bool, timeout, interval=interval)
 
 
 def _pod(name: str, h: str, image: str) -> dict:
@@ -104,7 +102,7 @@ def test_mesh_follows_weights_pods_and_faults_through_watches(routed):
     assert 20 <= burst.count(200) < 60 and burst.count(503) > 0, burst
 
     # A broken canary revision, injected through the faults ConfigMap (watched): 500s from that pod.
-    time.sleep(1.5)
+    hold_for(BUCKET_REFILL_S, "the canary pod's token bucket refilling after the burst")
     core.create_namespaced_config_map(ns, {"metadata": {"name": "mesh-faults"},
                                            "data": {"error-rate": json.dumps({"1.1.0": 1.0})}})
     _until(lambda: m.state()["faults"]["error_rate"] == {"1.1.0": 1.0}, 10, "the faults ConfigMap")
@@ -112,7 +110,7 @@ def test_mesh_follows_weights_pods_and_faults_through_watches(routed):
     assert c == 500 and h["x-mesh-revision"] == CANARY, (c, b, h)
     # the admin endpoint overrides the ConfigMap for the same key
     m.set_faults(error_rate={"1.1.0": 0.0})
-    time.sleep(1.1)
+    hold_for(BUCKET_REFILL_S, "one more second of capacity")
     assert _get(m.url + "/")[0] == 200
 
     text = m.metrics()
@@ -135,14 +133,15 @@ def test_real_prometheus_scrapes_the_mesh_and_evaluates_the_seed_query(routed, c
         prom.wait_scraped()
         codes: list[int] = []
         stop = time.monotonic() + 10
+        paced = threading.Event()
 
         def traffic():                      # ~20 requests/second, far under capacity (2 pods x 20 rps)
             while time.monotonic() < stop:
                 codes.append(_get(m.url + "/")[0])
-                time.sleep(0.05)
+                paced.wait(0.05)
         t = threading.Thread(target=traffic, daemon=True)
         t.start()
-        time.sleep(6)                       # irate reads the last two scrapes: query while traffic flows
+        hold_for(SCRAPES_S, "irate reads the last two scrapes: query while traffic flows")
         whole = prom.value(prometheus.error_rate_query(svc))
         per_canary = prom.value(prometheus.error_rate_query(svc, revision=CANARY))
         per_stable = prom.value(prometheus.error_rate_query(svc, revision=STABLE))

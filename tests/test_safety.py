@@ -17,6 +17,7 @@ from drills import config
 from drills.kit import DrillRollout
 from drills.shapes import RolloutSpec
 from drills.rollout import Rollouts, healthy
+from drills.wait import WaitTimeout, until
 
 pytestmark = pytest.mark.single_version
 
@@ -36,26 +37,6 @@ def _prepared(kube, ns, tmp_path, version) -> DrillRollout:
     return d
 
 
-def _mutations_since(audit_log: str, ns: str, since: float) -> list[dict]:
-    from datetime import datetime
-    out = []
-    with open(audit_log) as f:
-        for line in f:
-            ev = json.loads(line)
-            if ev.get("verb") not in ("create", "update", "patch", "delete", "deletecollection"):
-                continue
-            if (ev.get("objectRef") or {}).get("namespace") != ns:
-                continue
-            if not (ev.get("userAgent") or "").startswith("OpenAPI-Generator"):
-                continue        # the controllers' own writes
-            if (ev.get("objectRef") or {}).get("resource") == "namespaces":
-                continue        # the test's own label change
-            ts = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
-            if ts >= since:
-                out.append(ev)
-    return out
-
-
 def _run(args, env=None, **kw):
     e = dict(os.environ, DRILLS_REPORTS=str(kw.pop("reports")))
     e.update(env or {})
@@ -63,9 +44,9 @@ def _run(args, env=None, **kw):
                           timeout=kw.pop("timeout", 300))
 
 
-def test_refused_context_and_namespace_send_no_mutation(kube, cluster, namespace, tmp_path, controller_version):
+def test_refused_context_and_namespace_send_no_mutation(kube, cluster, namespace, tmp_path, controller_version,
+                                                       audit_mutations):
     _prepared(kube, namespace, tmp_path / "ev", controller_version)
-    audit = cluster.status()["audit_log"]
     ctx = _context(cluster)
     cfg = tmp_path / "drills.yaml"
     cfg.write_text("allowed_contexts: []\n")
@@ -80,11 +61,11 @@ def test_refused_context_and_namespace_send_no_mutation(kube, cluster, namespace
     r = _run(["run", "--kubeconfig", str(cluster.kubeconfig), "--context", ctx, "--namespace", namespace,
               "--rollout", "svc"], env={"DRILLS_CONFIG": str(cfg)}, reports=tmp_path / "r2")
     assert r.returncode == 2 and namespace in r.stderr and config.NAMESPACE_OPT_IN_LABEL in r.stderr
-    time.sleep(1.0)
-    assert _mutations_since(audit, namespace, since) == []
+    assert audit_mutations(namespace, since) == []
 
 
-def test_dry_run_prints_mutations_and_makes_none(kube, cluster, namespace, tmp_path, controller_version):
+def test_dry_run_prints_mutations_and_makes_none(kube, cluster, namespace, tmp_path, controller_version,
+                                                audit_mutations):
     _prepared(kube, namespace, tmp_path / "ev", controller_version)
     since = time.time()
     r = _run(["run", "--kubeconfig", str(cluster.kubeconfig), "--context", _context(cluster), "--namespace",
@@ -92,8 +73,7 @@ def test_dry_run_prints_mutations_and_makes_none(kube, cluster, namespace, tmp_p
              reports=tmp_path / "r")
     assert r.returncode == 0, r.stderr
     assert "dry-run: would" in r.stdout and "roll back" in r.stdout
-    time.sleep(1.0)
-    assert _mutations_since(cluster.status()["audit_log"], namespace, since) == []
+    assert audit_mutations(namespace, since) == []
 
 
 def test_sigint_mid_rollback_restores_and_is_inconclusive(kube, cluster, namespace, tmp_path, controller_version):
@@ -106,14 +86,12 @@ def test_sigint_mid_rollback_restores_and_is_inconclusive(kube, cluster, namespa
                             env=dict(os.environ, DRILLS_REPORTS=str(reports)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     ro = Rollouts(kube, namespace)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:       # the rollback has been sent
-        if ro.get("svc")["spec"]["template"]["spec"]["containers"][0]["image"] != image_v2:
-            break
-        time.sleep(0.02)
-    else:
+    try:
+        until("the drill's rollback", lambda: ro.get("svc")["spec"]["template"]["spec"]["containers"][0]["image"],
+              lambda image: image != image_v2, 60, interval=0.02)
+    except WaitTimeout:
         proc.kill()
-        pytest.fail("the drill never rolled back")
+        raise
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode not in (0, None), err

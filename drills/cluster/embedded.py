@@ -23,6 +23,7 @@ import yaml
 from .. import config
 from ..procs import free_port, listening_ports_of, pid_alive, port_in_use, terminate
 from ..toolchain import Toolchain, components_for
+from ..wait import WaitTimeout, until
 from .stages import load_stages
 
 SENTINEL_NS = "drills-system"
@@ -307,12 +308,10 @@ class EmbeddedCluster:
 
     @staticmethod
     def _wait(pred, timeout: float, what: str, interval: float = 0.05):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if pred():
-                return
-            time.sleep(interval)
-        raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
+        try:
+            until(what, pred, timeout=timeout, interval=interval)
+        except WaitTimeout as e:
+            raise ClusterError(str(e)) from None
 
     def _install_crds(self, api, files: list[Path]):
         from kubernetes import client
@@ -357,8 +356,7 @@ class EmbeddedCluster:
             str(binary), "--kubeconfig", str(self.kubeconfig), "--leader-elect=false",
             "--metricsport", str(metrics), "--healthzPort", str(healthz), "--loglevel", "info",
         ], [metrics, healthz])
-        time.sleep(0.05)
-        if not pid_alive(pid):
+        if not pid_alive(pid):       # an exit later is caught by the wait for the sentinel's status
             log = (self.folder / "logs" / "rollouts-controller.log").read_text()[-600:]
             raise ClusterInputError(f"{binary} does not start as a rollouts controller: {log.strip()}")
 

@@ -11,9 +11,10 @@ from .a import LaneA
 from .abort import LaneAbort
 from .b import LaneB
 from .base import LaneContext, Runbook, StepFailed, step  # noqa: F401
+from .escape import LaneEscape
 from .order import LaneOrder
 
-LANES: tuple[type[Runbook], ...] = (LaneA, LaneB, LaneAbort, LaneOrder)
+LANES: tuple[type[Runbook], ...] = (LaneA, LaneB, LaneAbort, LaneOrder, LaneEscape)
 REGISTRY: dict[str, type[Runbook]] = {lane.key: lane for lane in LANES}
 DEFAULT_LANES = ("a", "b")
 

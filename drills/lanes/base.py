@@ -140,7 +140,8 @@ class Runbook:
 
     # --- the report ----------------------------------------------------------------------------------
     @classmethod
-    def report_sections(cls, cells: dict) -> list[dict]:
+    def report_sections(cls, cells: dict, out_dir: Path | None = None) -> list[dict]:
         """Sections of this lane in the matrix (override): ``cells`` maps (version, step, assertion) to the
-        newest row.  A section: {"title", "note", "columns", "rows": [[...]], "callouts": [text]}."""
+        newest row; pictures go under ``out_dir``.  A section: {"title", "note", "columns", "rows": [[label,
+        [row, ...], ...]], "callouts": [text], "figures": [{"png", "caption"}]}."""
         return []

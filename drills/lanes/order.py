@@ -285,7 +285,7 @@ class LaneOrder(Runbook):
 
     # --- the matrix -------------------------------------------------------------------------------------
     @classmethod
-    def report_sections(cls, cells: dict) -> list[dict]:
+    def report_sections(cls, cells: dict, out_dir: Path | None = None) -> list[dict]:
         """The branch-order table (one row per version, the three probes as columns) with a call-out for every
         version on which the prescription no longer keeps the weight at the last rung."""
         versions = sorted({v for v, _, _ in cells}, key=_version_key)
