@@ -29,7 +29,8 @@ from kubernetes.client.rest import ApiException
 from . import recorder, timeline
 from .cluster.availability import Availability
 from .ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
-from .rollout import HASH_LABEL, Predicate, Rollouts, container_images, healthy, healthy_at, paused
+from .podtemplate import container_images
+from .rollout import HASH_LABEL, Predicate, Rollouts, healthy, healthy_at, paused
 from .shapes import RolloutSpec, install, template_for
 from .steps import steps_text
 from .wait import WaitTimeout, hold_for, until

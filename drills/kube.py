@@ -83,8 +83,13 @@ def resolve_kubeconfig(path: str | None, context: str | None) -> tuple[str, str]
     return kc, ctx
 
 
-def new_client(kubeconfig: str | Path, context: str | None = None) -> KubeClient:
-    """A client for one kubeconfig context; BadInput (exit 2) when the kubeconfig cannot be loaded."""
+USER_AGENT = "drills/0.1"
+
+
+def new_client(kubeconfig: str | Path, context: str | None = None, agent: str = USER_AGENT) -> KubeClient:
+    """A client for one kubeconfig context, saying who it is (``agent``: the apiserver's audit log tells the
+    drill's own requests from the releaser's and the controllers'); BadInput (exit 2) when the kubeconfig cannot
+    be loaded."""
     cfg = client.Configuration()
     try:
         kconfig.load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg,
@@ -94,7 +99,9 @@ def new_client(kubeconfig: str | Path, context: str | None = None) -> KubeClient
         raise Unreachable(f"{where}: cannot load it: {_one_line(e)}") from None
     cfg.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, backoff_factor=0.2,
                                 raise_on_status=False)
-    return KubeClient(configuration=cfg)
+    api = KubeClient(configuration=cfg)
+    api.user_agent = agent
+    return api
 
 
 # --- failures in one line -----------------------------------------------------------------------------

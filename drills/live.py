@@ -27,12 +27,28 @@ from .lanes.a_live import LiveLaneA
 from .lanes.base import LaneContext
 from .ledger import INCONCLUSIVE, Ledger, exit_code, new_run_id
 from .phases import PhasedLoad
+from .podtemplate import (
+    RolloutShapeError,
+    app_container_name,
+    container_images,
+    selector_string,
+    with_image,
+)
+from .rollout import HASH_LABEL, Rollouts, healthy
+from .safety import (
+    LEASE_ANNOTATION,
+    Interrupted,
+    Journal,
+    SignalGuard,
+    check_context,
+    check_namespace,
+    describe_lease,
+    lease_value,
+    restore_with_guard,
+    set_lease,
+)
 from .shapes import RolloutSpec
 from .steps import cut_final_full_weight, steps_text
-from .rollout import (HASH_LABEL, RolloutShapeError, Rollouts, app_container_name, container_images, healthy,
-                      selector_string, with_image)
-from .safety import (LEASE_ANNOTATION, Interrupted, Journal, SignalGuard, check_context, check_namespace,
-                     describe_lease, lease_value, restore_with_guard, set_lease)
 
 ARGOCD_TRACKING_ANNOTATIONS = ("argocd.argoproj.io/tracking-id",)
 # Argo CD tracks resources by a label; app.kubernetes.io/instance is its default tracking label

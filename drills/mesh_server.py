@@ -25,8 +25,21 @@ from pathlib import Path
 from kubernetes import client
 
 from .kube import new_client
-from .mesh import (DEFAULT_ISTIO_VERSION, EMULATION_NOTE, ISTIO_GROUP, Decision, Metrics, NotLoopback, PodInfo,
-                   Router, _parse_fault_map, parse_routes, parse_subsets, pod_info, require_loopback)
+from .mesh import (
+    DEFAULT_ISTIO_VERSION,
+    EMULATION_NOTE,
+    ISTIO_GROUP,
+    Decision,
+    Metrics,
+    NotLoopback,
+    PodInfo,
+    Router,
+    _parse_fault_map,
+    parse_routes,
+    parse_subsets,
+    pod_info,
+    require_loopback,
+)
 from .procs import stop_process, wait_http
 from .wait import until
 from .watching import ListWatch
@@ -102,7 +115,7 @@ class Mesh:
         return core.list_namespaced_config_map, (ns,), {"field_selector": f"metadata.name={self.cm_name}"}
 
     def _watch_loop(self, kind: str) -> None:
-        fn, args, kwargs = self._list_call(kind, new_client(self.kubeconfig))
+        fn, args, kwargs = self._list_call(kind, new_client(self.kubeconfig, agent="drills-mesh/0.1"))
         lw = ListWatch(fn, *args, timeout_seconds=30, **kwargs)
         self.loops[kind] = lw
 

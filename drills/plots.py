@@ -95,7 +95,9 @@ def pct(v) -> str:
 
 def plot_series(series: dict, out_png: Path) -> Path:
     """Draw one drill's timeline: canary weight against canary availability share, exposure shaded."""
-    from matplotlib.figure import Figure      # deferred: a heavy import, needed only when drawing
+    from matplotlib.figure import (
+        Figure,  # deferred: a heavy import, needed only when drawing
+    )
     from matplotlib.patches import Patch
     out_png = Path(out_png)
     x_lo, x_hi = _x_range(series)
@@ -223,7 +225,9 @@ def plot_series(series: dict, out_png: Path) -> Path:
 
 def plot_paths(paths: dict[str, list | None], title: str, out_png: Path) -> Path:
     """Weight paths side by side, one panel each (t = 0: the action of the panel), for one version."""
-    from matplotlib.figure import Figure      # deferred: a heavy import, needed only when drawing
+    from matplotlib.figure import (
+        Figure,  # deferred: a heavy import, needed only when drawing
+    )
 
     names = list(paths)
     fig = Figure(figsize=(3.2 * max(1, len(names)), 3.6), dpi=100)

@@ -26,7 +26,8 @@ from kubernetes.client.rest import ApiException
 
 from . import kube
 from .errors import BadInput
-from .rollout import HASH_LABEL, Rollouts, app_container_name, container_images, healthy, selector_string
+from .podtemplate import app_container_name, container_images, selector_string
+from .rollout import HASH_LABEL, Rollouts, healthy
 from .signals import Interrupted, SignalGuard
 from .timeline import ROUTE_KINDS, derive, series_path
 from .wait import WaitTimeout, until

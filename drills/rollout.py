@@ -26,92 +26,17 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from .errors import BadInput
 from .kube import conflict_retry
 from .kube import transient as _transient
+from .podtemplate import RolloutShapeError, selector_string
 from .wait import WaitTimeout
 from .watching import ListWatch
 
 GROUP, VERSION, PLURAL = "argoproj.io", "v1alpha1", "rollouts"
 HASH_LABEL = "rollouts-pod-template-hash"
 REVISION_ANNOTATION = "rollout.argoproj.io/revision"
-NAME_LABEL = "app.kubernetes.io/name"
-# containers injected next to the application by meshes and agents: never the app
-KNOWN_SIDECARS = ("istio-proxy", "istio-init", "linkerd-proxy", "linkerd-init", "envoy", "envoy-sidecar",
-                  "vault-agent", "cloud-sql-proxy", "datadog-agent", "fluent-bit", "otel-collector")
-
 api_retry = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(6),
                   wait=wait_exponential(multiplier=0.1, max=2), reraise=True)
-
-
-class RolloutShapeError(BadInput):
-    """A valid Rollout the drill cannot handle (no template, no containers, an unusable selector): exit 2."""
-
-
-def app_container_name(template: dict | None, wanted: str | None = None, rollout_name: str | None = None) -> str:
-    """The application container of a pod template: ``wanted`` when given (it must exist), the only container,
-    else the one named like the Rollout or its ``app.kubernetes.io/name`` label, else the only one that is not a
-    known sidecar.  RolloutShapeError when it cannot be told: the caller names it (``--container``)."""
-    containers = ((template or {}).get("spec") or {}).get("containers") or []
-    names = [c.get("name") for c in containers]
-    if not names:
-        raise RolloutShapeError("the pod template has no containers")
-    if wanted:
-        if wanted not in names:
-            raise RolloutShapeError(f"container {wanted!r} is not in the pod template (containers: {', '.join(names)})")
-        return wanted
-    if len(names) == 1:
-        return names[0]
-    labels = ((template or {}).get("metadata") or {}).get("labels") or {}
-    for hint in (rollout_name, labels.get(NAME_LABEL)):
-        if hint and hint in names:
-            return hint
-    apps = [n for n in names if n not in KNOWN_SIDECARS]
-    if len(apps) == 1:
-        return apps[0]
-    raise RolloutShapeError(f"the pod template has several containers ({', '.join(names)}) and none is clearly the "
-                            f"application: name it with --container")
-
-
-def container_images(template: dict | None) -> dict[str, str]:
-    """{container name: image} for every container (init and regular) of a pod template."""
-    spec = (template or {}).get("spec") or {}
-    return {c.get("name"): c.get("image") for key in ("initContainers", "containers")
-            for c in spec.get(key) or []}
-
-
-def with_image(template: dict, container: str, image: str) -> dict:
-    """A copy of the template with only ``container``'s image changed."""
-    out = copy.deepcopy(template)
-    hit = False
-    for c in (out.get("spec") or {}).get("containers") or []:
-        if c.get("name") == container:
-            c["image"] = image
-            hit = True
-    if not hit:
-        raise RolloutShapeError(f"container {container!r} is not in the pod template")
-    return out
-
-
-def selector_string(selector: dict | None) -> str:
-    """A label selector (matchLabels and matchExpressions) as the string list/watch calls take."""
-    sel = selector or {}
-    parts = [f"{k}={v}" for k, v in (sel.get("matchLabels") or {}).items()]
-    for e in sel.get("matchExpressions") or []:
-        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
-        if op == "In":
-            parts.append(f"{key} in ({','.join(values)})")
-        elif op == "NotIn":
-            parts.append(f"{key} notin ({','.join(values)})")
-        elif op == "Exists":
-            parts.append(key)
-        elif op == "DoesNotExist":
-            parts.append(f"!{key}")
-        else:
-            raise RolloutShapeError(f"selector operator {op!r} of key {key!r} is not a label selector operator")
-    if not parts:
-        raise RolloutShapeError("the Rollout's selector selects nothing (no matchLabels, no matchExpressions)")
-    return ",".join(parts)
 
 
 @dataclass
@@ -235,8 +160,11 @@ class Rollouts:
             GROUP, VERSION, self.ns, PLURAL, manifest))
 
     def set_image(self, name: str, image: str, container: str = "*") -> dict:
-        """`kubectl argo rollouts set image NAME CONTAINER=IMAGE`: GET, change, Update (``*`` = every container,
-        as the plugin; drills always name the application container)."""
+        """`kubectl argo rollouts set image NAME CONTAINER=IMAGE`: GET, change, Update, recomputed on a conflict
+        (``*`` = every container, as the plugin; drills always name the application container)."""
+        return conflict_retry()(self._set_image)(name, image, container)
+
+    def _set_image(self, name: str, image: str, container: str) -> dict:
         ro = self.get(name)
         new = copy.deepcopy(ro)
         spec = new["spec"].get("template", {}).get("spec") or {}
@@ -263,6 +191,7 @@ class Rollouts:
                         return cur
                 raise
         return self._send("set image", name, {"image": image, "container": container}, update)
+
     def set_steps(self, name: str, steps: list[dict]) -> dict:
         """A values change that edits the canary steps (a merge patch replaces the list, as Helm does)."""
         ro = self.get(name)

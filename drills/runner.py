@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import config, legs as legsmod
+from . import config
+from . import legs as legsmod
 from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
 from .errors import BadInput, combine_exit_codes
 from .lanes import REGISTRY

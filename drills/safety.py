@@ -35,9 +35,10 @@ from kubernetes.client.rest import ApiException
 from . import config, kube
 from .cluster.namespaces import OPT_IN_VALUE as NAMESPACE_LABEL_VALUE
 from .errors import BadInput, Refused
+from .podtemplate import app_container_name
 from .procs import cmdline, pid_alive
+from .rollout import GROUP, PLURAL, VERSION, Rollouts, healthy, healthy_at
 from .signals import Interrupted, SignalGuard
-from .rollout import GROUP, PLURAL, VERSION, Rollouts, app_container_name, healthy, healthy_at
 
 LEASE_ANNOTATION = "drills.dev/lease"
 JOURNAL_VERSION = 2

@@ -13,7 +13,8 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from .rollout import Rollouts, with_image
+from .podtemplate import with_image
+from .rollout import Rollouts
 
 
 @dataclass

@@ -47,7 +47,11 @@ class SignalGuard:
 
     def __exit__(self, *exc):
         if self._quiet and self._old:
-            return False          # a process that abandoned its restore notes later signals until it exits
+            # a process that abandoned its restore is about to exit: later signals are ignored (SIG_IGN holds
+            # through the interpreter's shutdown, which resets Python-level handlers to the default)
+            for s in self._old:
+                signal.signal(s, signal.SIG_IGN)
+            return False
         for s, h in self._old.items():
             signal.signal(s, h)
         return False

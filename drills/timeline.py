@@ -10,8 +10,6 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-
 HASH_LABEL = "rollouts-pod-template-hash"
 
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, TypeVar
 
-from tenacity import RetryError, Retrying, retry_if_exception, retry_if_result, stop_after_delay, wait_fixed
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    retry_if_result,
+    stop_after_delay,
+    wait_fixed,
+)
 
 T = TypeVar("T")
 

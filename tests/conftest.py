@@ -219,8 +219,8 @@ def audit_mutations(cluster):
 
 
 def mutations_since(audit_log: str | Path, namespace: str, since: float) -> list[dict]:
-    """Mutating requests the Python client (drills, or the test itself) sent into ``namespace`` since ``since``
-    (wall time), from the apiserver's own audit log; the controllers' writes are not counted."""
+    """Mutating requests drills (or the test itself) sent into ``namespace`` since ``since`` (wall time), from the
+    apiserver's own audit log; the controllers' and the pod releaser's writes are not counted."""
     from datetime import datetime
     out = []
     with open(audit_log) as f:
@@ -230,8 +230,8 @@ def mutations_since(audit_log: str | Path, namespace: str, since: float) -> list
                 continue
             if (ev.get("objectRef") or {}).get("namespace") != namespace:
                 continue
-            if not (ev.get("userAgent") or "").startswith("OpenAPI-Generator"):
-                continue        # the controllers' own writes
+            if not (ev.get("userAgent") or "").startswith("drills/"):
+                continue        # the controllers' and the releaser's own writes
             if (ev.get("objectRef") or {}).get("resource") == "namespaces":
                 continue
             ts = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from drills import config, legs, runner
+from drills import config, lanes, legs, runner
 from drills.errors import BadInput
 from drills.ledger import Ledger, read_rows
 
@@ -24,7 +24,10 @@ def test_plan_lists_one_leg_per_version_lane_variant_in_a_stable_order(tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     ids = [x["id"] for x in doc["legs"]]
-    assert len(ids) == 20 == len(set(ids)) == doc["total_legs"]
+    assert len(ids) == len(config.SUPPORTED_CONTROLLERS) * len(lanes.REGISTRY) == len(set(ids)) == doc["total_legs"]
+    four = json.loads(drills("run", "--plan", "--json", "--controller", "all", "--lanes", "a,b,abort,order",
+                             env=env).stdout)
+    assert len(four["legs"]) == 20
     assert all({"controller", "lane", "variant"} <= set(x) for x in doc["legs"])
     assert ids[:4] == ["v1.7.2/a/stage", "v1.7.2/b/stage", "v1.7.2/abort/stage", "v1.7.2/order/stage"]
     assert ids == [x["id"] for x in json.loads(drills("run", "--plan", "--json", "--controller", "all", "--lanes",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,8 @@ from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 from drills import safety, timeline
 from drills.errors import Refused
 from drills.live import check_shape
-from drills.rollout import Rollouts, container_images, healthy_at
+from drills.podtemplate import container_images
+from drills.rollout import Rollouts, healthy_at
 
 pytestmark = pytest.mark.single_version
 
@@ -215,7 +216,7 @@ def test_canary_without_steps_on_a_real_rollout_is_exit_2_and_sends_nothing(kube
     from kubernetes import client
 
     from drills.shapes import RolloutSpec, install
-    install(kube, namespace, RolloutSpec(steps=[], name="svc"))
+    install(kube, namespace, RolloutSpec(steps=[{"setWeight": 5}], name="svc"))
     client.CustomObjectsApi(kube).patch_namespaced_custom_object(
         "argoproj.io", "v1alpha1", namespace, "rollouts", "svc",
         [{"op": "remove", "path": "/spec/strategy/canary/steps"}],
@@ -223,4 +224,5 @@ def test_canary_without_steps_on_a_real_rollout_is_exit_2_and_sends_nothing(kube
     since = time.time()
     r = live_cmd()
     assert r.returncode == 2 and "no steps" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert audit_mutations(namespace, since) == []
+    sent = audit_mutations(namespace, since)
+    assert sent == [], [(e["verb"], e["objectRef"], e["userAgent"], e["requestReceivedTimestamp"]) for e in sent]

@@ -12,11 +12,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from kubernetes import client, config as kconfig
+from kubernetes import client
+from kubernetes import config as kconfig
 
 from drills import mesh, mesh_server, prometheus
-from drills.wait import hold_for, until
 from drills.cluster import Availability
+from drills.wait import hold_for, until
 
 ISTIO = ("networking.istio.io", "v1alpha3")
 STABLE, CANARY = "5d4b9c7f8", "6f7c8d9e1"

@@ -1,12 +1,11 @@
 """The flight recorder sees every weight the controller writes, even across a dropped watch."""
 from __future__ import annotations
 
-
 import pytest
 
 from drills import recorder, timeline
-from drills.shapes import RolloutSpec, install
 from drills.rollout import Predicate, healthy, paused
+from drills.shapes import RolloutSpec, install
 
 
 def _deploy(kube, ns, spec):

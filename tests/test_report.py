@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from drills.cli import build_parser, cmd_report
+from drills.cli import build_parser
+from drills.commands import cmd_report
 from drills.errors import BadInput
 from drills.ledger import Ledger
 from drills.plots import plot_series

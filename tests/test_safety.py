@@ -15,8 +15,8 @@ from kubernetes import client
 
 from drills import config
 from drills.kit import DrillRollout
-from drills.shapes import RolloutSpec
 from drills.rollout import Rollouts, healthy
+from drills.shapes import RolloutSpec
 from drills.wait import WaitTimeout, until
 
 pytestmark = pytest.mark.single_version

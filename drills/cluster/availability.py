@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="drills-releaser")
     ap.add_argument("--kubeconfig", required=True)
     args = ap.parse_args(argv)
-    api = new_client(args.kubeconfig)
+    api = new_client(args.kubeconfig, agent="drills-releaser/0.1")
     r = Releaser(api)
     def _term(*_):
         r.stop.set()

@@ -12,7 +12,8 @@ from kubernetes import client
 from ..kit import DrillRollout, Observation
 from ..ledger import FAIL, PASS
 from ..phases import PhasedLoad
-from ..rollout import HASH_LABEL, container_images, with_image
+from ..podtemplate import container_images, with_image
+from ..rollout import HASH_LABEL
 from ..steps import last_set_weight
 from ..wait import WaitTimeout
 from .a import ASSERT_PEAK

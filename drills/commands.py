@@ -1,0 +1,344 @@
+"""What each `drills` subcommand does with its parsed arguments (drills.cli owns the arguments and the exit
+codes; only it imports this module)."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+from . import config, kube, lanes, legs, runner
+from .branches import SourceMapError, find_branches, source_file
+from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
+from .cluster.embedded import audit_log_for
+from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
+from .controller_binary import ControllerBinaryError, inspect_binary
+from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
+from .fleet import Fleet, base_sources
+from .helm import Helm, HelmError
+from .ledger import new_run_id
+from .live import run_live
+from .probe import observation_dict, run_probe
+from .recorder import watch_rollout
+from .renderdiff import render_diff
+from .report import is_run_dir, write_matrix
+from .safety import restore_journal
+from .shapes import RolloutSpec
+from .signals import Interrupted, SignalGuard
+from .steps import parse_steps
+from .toolchain import (
+    BuildError,
+    Toolchain,
+    components_for,
+    resolve_controller_versions,
+)
+from .toolchain.build import optional_components
+
+MAX_PROBE_REPLICAS = 100
+MAX_HOLD_SECONDS = 600.0
+
+
+def err(msg: str) -> None:
+    print(f"drills: {msg}", file=sys.stderr, flush=True)
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- toolchain -------------------------------------------------------------------------------
+def _extras_arg(spec: str | None) -> list[str]:
+    known = list(optional_components())
+    extras = [e.strip() for e in (spec or "").split(",") if e.strip()]
+    unknown = [e for e in extras if e not in known]
+    if unknown:
+        raise BadInput(f"--extra: unknown component(s) {', '.join(unknown)} (known: {', '.join(known)})")
+    return extras
+
+
+def cmd_toolchain_build(args) -> int:
+    versions = resolve_controller_versions(args.controller)
+    tc = Toolchain()
+    try:
+        tc.ensure(components_for(versions, _extras_arg(args.extra)))
+    except BuildError as e:
+        err(str(e))
+        return EXIT_FAIL
+    print(f"toolchain ready in {tc.root}: controllers {', '.join(versions)}")
+    return EXIT_OK
+
+
+def cmd_toolchain_list(args) -> int:
+    rows = Toolchain().listing()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    print(f"{'component':<12} {'version':<10} {'built':<6} {'supported':<9} path")
+    for r in rows:
+        print(f"{r['component']:<12} {r['version']:<10} {'yes' if r['built'] else 'no':<6} "
+              f"{'yes' if r['supported'] else 'no':<9} {r['path'] or ''}")
+    return EXIT_OK
+
+
+# --- cluster ----------------------------------------------------------------------------------
+def _one_version(spec: str | None) -> str:
+    versions = resolve_controller_versions(spec)
+    if len(versions) != 1:
+        raise BadInput("give one controller version")
+    return versions[0]
+
+
+def cmd_cluster_up(args) -> int:
+    if args.api_port is not None and not 1024 <= args.api_port <= 65535:
+        raise BadInput(f"--api-port {args.api_port}: give a port in 1024..65535")
+    version = _one_version(args.controller)
+    try:
+        st = EmbeddedCluster().up(version, build=not args.no_build, api_port=args.api_port)
+    except ClusterInputError as e:
+        raise BadInput(str(e).splitlines()[0])
+    except (ClusterError, BuildError) as e:
+        err(str(e))
+        return EXIT_FAIL
+    print(json.dumps({k: st.get(k) for k in ("ready", "controller_version", "kubeconfig", "api_server")}))
+    return EXIT_OK
+
+
+def cmd_cluster_status(args) -> int:
+    st = EmbeddedCluster().status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+    elif "processes" not in st:
+        print(st.get("error") or "no embedded cluster")
+    else:
+        print(f"cluster {st['cluster']}: {'ready' if st['ready'] else 'NOT ready'}, controller "
+              f"{st['controller_version']}, api {st['api_server']}, kubeconfig {st['kubeconfig']}")
+        for p in st["processes"]:
+            print(f"  {p['name']:<24} pid {p['pid']:<8} {'alive' if p['alive'] else 'dead':<6} "
+                  f"ports {','.join(map(str, p.get('ports') or [])) or '-'}  log {p.get('log')}")
+    return EXIT_OK if st.get("ready") else EXIT_FAIL
+
+
+def cmd_cluster_down(args) -> int:
+    EmbeddedCluster().down()
+    return EXIT_OK
+
+
+# --- run ---------------------------------------------------------------------------------------
+def _binary(args) -> runner.Binary | None:
+    if not args.controller_binary:
+        for flag, given in (("--source", args.source), ("--crds", args.crds)):
+            if given:
+                raise BadInput(f"{flag} goes with --controller-binary (a release's lines and CRDs come from its own "
+                               f"module)")
+        return None
+    try:
+        info = inspect_binary(Path(args.controller_binary), Path(args.crds) if args.crds else None)
+        source = find_branches(source_file(Path(args.source))).source if args.source else None
+    except (ControllerBinaryError, SourceMapError, OSError) as e:
+        raise BadInput(str(e)) from None
+    return runner.Binary(path=info.path, crds=info.crds_dir, reported=info.reported, label=info.version,
+                         source=Path(source) if source else None, release=info.nearest_release)
+
+
+def cmd_run(args) -> int:
+    live_target = args.kubeconfig or args.context or args.namespace or args.rollout
+    live_only = [flag for flag, on in (("--dry-run", args.dry_run), ("--service-url", args.service_url),
+                                       ("--sync-paused", args.sync_paused), ("--allow-context", args.allow_context),
+                                       ("--container", args.container)) if on]
+    if live_only and not live_target:
+        raise BadInput(f"{', '.join(live_only)}: live mode only; name the live target with --kubeconfig/--context "
+                       f"--namespace --rollout (the embedded job has nothing to dry-run)")
+    if args.jobs is not None and not 1 <= args.jobs <= 64:
+        raise BadInput(f"-j {args.jobs}: give 1..64 legs at a time")
+    keys = lanes.resolve(args.lanes)
+    shard = legs.parse_shard(args.shard)
+    binary = _binary(args)
+    if live_target:
+        return run_live(args)
+    versions = [binary.release] if binary else resolve_controller_versions(args.controller)
+    plan = legs.plan(versions, keys, args.variant, label=binary.label if binary else None)
+    durations = legs.read_durations(Path(args.durations) if args.durations else None)
+    doc = legs.plan_document(plan, durations, shard, args.durations or str(legs.durations_file()))
+    if args.plan:
+        if args.json:
+            print(json.dumps(doc, indent=2))
+        else:
+            for leg in doc["legs"]:
+                print(f"{leg['id']:<40} shard {leg['shard']}  ~{leg['estimate_s']:.0f}s")
+            print(f"{len(doc['legs'])} of {doc['total_legs']} leg(s); plan {doc['plan_digest']}")
+        return EXIT_OK
+    chosen = [x for x in plan if x.id in {d["id"] for d in doc["legs"]}]
+    env = {"DRILLS_AVAILABILITY_CONTROL": args.availability_control, "DRILLS_ROLLBACK_VIA": args.rollback_via}
+    if binary:
+        env.update({"DRILLS_CONTROLLER_BINARY": str(binary.path), "DRILLS_CRDS": str(binary.crds)})
+        if binary.source:
+            env["DRILLS_SOURCE"] = str(binary.source)
+    meta = {"plan_digest": doc["plan_digest"], "shard": doc["shard"], "total_legs": doc["total_legs"],
+            "all_legs": [x.id for x in plan]}
+    code, run_dir, rows = runner.run(chosen, jobs=args.jobs, env=env, binary=binary, keep_cluster=args.keep_cluster,
+                                     meta=meta, log=_progress)
+    print(runner.summary_table(rows))
+    print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  matrix: {run_dir.parent / 'matrix.html'}")
+    return code
+
+
+# --- probe -------------------------------------------------------------------------------------
+def _probe_spec(args) -> RolloutSpec:
+    try:
+        steps = parse_steps(args.steps)
+    except ValueError as e:
+        raise BadInput(f"--steps: {e}")
+    if not steps:
+        raise BadInput("--steps: give at least one step")
+    if not 1 <= args.replicas <= MAX_PROBE_REPLICAS:
+        raise BadInput(f"--replicas {args.replicas}: give 1..{MAX_PROBE_REPLICAS} (--replicas, --min-pods and --hold "
+                       f"must be positive)")
+    if not 1 <= args.min_pods <= args.replicas:
+        raise BadInput(f"--min-pods {args.min_pods}: give 1..--replicas ({args.replicas}); more pods than replicas "
+                       f"would never become available (--min-pods must be positive)")
+    if not (math.isfinite(args.hold) and 0 < args.hold <= MAX_HOLD_SECONDS):
+        raise BadInput(f"--hold {args.hold}: give seconds in (0, {MAX_HOLD_SECONDS:.0f}] (--hold must be positive)")
+    if not 0 <= args.scale_down_delay <= 3600:
+        raise BadInput(f"--scale-down-delay {args.scale_down_delay}: give 0..3600 seconds")
+    return RolloutSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
+                       hold_seconds=args.hold, availability_control=args.availability_control == "on",
+                       rollback_via=args.rollback_via, scale_down_delay=args.scale_down_delay)
+
+
+def cmd_probe(args) -> int:
+    spec = _probe_spec(args)
+    version = _one_version(args.controller)
+    cl = EmbeddedCluster(log=_progress)
+    out_dir = config.reports_dir() / "probes" / new_run_id()
+    with SignalGuard() as guard:
+        try:
+            cl.up(version)
+            api = cl.api_client()
+            ns = make_namespace(api, namespace_name("probe"))
+        except ClusterInputError as e:
+            raise BadInput(str(e).splitlines()[0])
+        except ClusterError as e:
+            err(str(e))
+            return EXIT_FAIL
+        except Interrupted as e:
+            guard.quiet()
+            err(f"probe {e} before its Rollout existed")
+            return EXIT_INCONCLUSIVE
+        try:
+            obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=cl.status().get("audit_log"))
+        except Interrupted as e:
+            err(f"probe {e}; its namespace {ns} is removed; evidence so far: {out_dir}")
+            return EXIT_INCONCLUSIVE
+        finally:
+            guard.quiet()
+            if not args.keep_namespace:
+                drop_namespace(api, ns)
+    reason = obs.inconclusive_reason()
+    if args.json:
+        print(json.dumps(dict(observation_dict(obs, version, args.routing), inconclusive_reason=reason,
+                              steps=args.steps), indent=2))
+    else:
+        print(f"controller {version}, routing {args.routing}, steps [{args.steps}], replicas {args.replicas}, "
+              f"minPodsPerReplicaSet {args.min_pods}")
+        print(f"  peak canary weight while the revived ReplicaSet was partial: {obs.peak_canary_weight_while_partial}")
+        print(f"  weights written while partial [t, weight, available, target]: {obs.weights_while_partial}")
+        print(f"  canary weight series [t, weight]: {obs.canary_weights}")
+        print(f"  exposure: {obs.exposure_seconds:.1f}s; inside rollbackWindow: {obs.rollback_in_window} "
+              f"({'; '.join(obs.window_evidence) or 'no evidence'})")
+        print(f"  timeline: {obs.timeline}")
+        if reason:
+            print(f"  INCONCLUSIVE: {reason}")
+    if reason:
+        return EXIT_INCONCLUSIVE
+    if args.expect is not None:
+        return EXIT_OK if obs.peak_canary_weight_while_partial == args.expect else EXIT_FAIL
+    return EXIT_OK
+
+
+# --- watch, restore --------------------------------------------------------------------------------
+def _duration(text: str) -> float:
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?", text.strip(), re.ASCII)
+    if not m:
+        raise BadInput(f"--duration {text!r}: use e.g. 90s, 5m")
+    seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    if not math.isfinite(seconds) or not 0 < seconds <= 7 * 24 * 3600:
+        raise BadInput(f"--duration {text!r}: give more than 0 and at most 7 days")
+    return seconds
+
+
+def _writable(path: str) -> Path:
+    out = Path(path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "a"):
+            pass
+    except OSError as e:
+        raise BadInput(f"--out {path}: cannot write there ({e.strerror or e})")
+    return out
+
+
+def cmd_watch(args) -> int:
+    if not args.until_healthy and not args.duration:
+        raise BadInput("give --until-healthy or --duration")
+    duration = _duration(args.duration) if args.duration else None
+    if args.audit_log and not Path(args.audit_log).is_file():
+        raise BadInput(f"--audit-log {args.audit_log}: no such file")
+    out = _writable(args.out)
+    kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
+    api = kube.new_client(kc, ctx)
+    audit = args.audit_log or audit_log_for(kc)
+    summary = watch_rollout(api, args.namespace, args.rollout, out, duration, args.until_healthy,
+                            audit_log=Path(audit) if audit else None, progress=_progress)
+    print(json.dumps(summary, indent=2))
+    return EXIT_OK if summary["complete"] else EXIT_INCONCLUSIVE
+
+
+def cmd_restore(args) -> int:
+    return EXIT_OK if restore_journal(Path(args.journal), args.allow_context, log=_progress) else EXIT_INCONCLUSIVE
+
+
+# --- render-diff, report, lanes --------------------------------------------------------------------
+def cmd_render_diff(args) -> int:
+    try:
+        with Helm() as helm:
+            d = render_diff(Fleet(args.fleet, args.apps_dir), args.app, args.env, args.from_version, args.to_version,
+                            helm, sources=base_sources(args.charts))
+    except HelmError as e:
+        err(str(e))
+        return EXIT_FAIL
+    print(json.dumps(d.to_dict(), indent=2, default=str) if args.json else d.format())
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    given = list(args.run_dir or [])
+    missing = [d for d in given if not Path(d).exists()]
+    if missing:
+        raise BadInput(f"no such run folder: {', '.join(map(str, missing))}")
+    if args.merge:
+        merged = runner.merge([Path(d) for d in given], log=_progress)
+        print(merged)
+        given = [str(merged)]
+    for d in given:
+        if not is_run_dir(Path(d)):
+            err(f"report: {d} is not a run folder (no ledger.json): ignored")
+    html_path, md_path = write_matrix([Path(d) for d in given] if given and not args.merge else None,
+                                      config.reports_dir(), strict=True)
+    print(html_path)
+    print(md_path)
+    return EXIT_OK
+
+
+def cmd_lanes(args) -> int:
+    rows = lanes.describe()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    for r in rows:
+        print(f"{r['key']:<6} {r['title']}\n       data {r['data']}; tests {r['tests']}; versions "
+              f"{', '.join(r['versions']) or 'none'}" + (f"; unverified {', '.join(r['unverified'])}"
+                                                        if r["unverified"] else ""))
+    return EXIT_OK
+
+
