@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--dry-run", action="store_true", help="print every mutation, make none")
     live.add_argument("--service-url", default=None,
                       help="load target during the live drill: the stage service's URL (Locust, bounded)")
+    live.add_argument("--duration", default=None,
+                      help="with --lanes b: how long to watch for the next deploy (e.g. 30m; default 1h)")
     live.add_argument("--container", default=None,
                       help="the application container (default: the only container, the one named like the Rollout "
                            "or its app.kubernetes.io/name label, else the only one that is not a known sidecar)")

@@ -18,7 +18,7 @@ from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
 from .fleet import Fleet, base_sources
 from .helm import Helm, HelmError
 from .ledger import new_run_id
-from .live import run_live
+from .live import run_live, run_live_b
 from .probe import observation_dict, run_probe
 from .recorder import watch_rollout
 from .renderdiff import render_diff
@@ -36,6 +36,7 @@ from .toolchain import (
 from .toolchain.build import optional_components
 
 MAX_PROBE_REPLICAS = 100
+DEFAULT_LIVE_B_S = 3600.0       # how long live lane B waits for the next deploy by default
 MAX_HOLD_SECONDS = 600.0
 
 
@@ -145,7 +146,7 @@ def cmd_run(args) -> int:
     live_target = args.kubeconfig or args.context or args.namespace or args.rollout
     live_only = [flag for flag, on in (("--dry-run", args.dry_run), ("--service-url", args.service_url),
                                        ("--sync-paused", args.sync_paused), ("--allow-context", args.allow_context),
-                                       ("--container", args.container)) if on]
+                                       ("--container", args.container), ("--duration", args.duration)) if on]
     if live_only and not live_target:
         raise BadInput(f"{', '.join(live_only)}: live mode only; name the live target with --kubeconfig/--context "
                        f"--namespace --rollout (the embedded job has nothing to dry-run)")
@@ -155,6 +156,13 @@ def cmd_run(args) -> int:
     shard = legs.parse_shard(args.shard)
     binary = _binary(args)
     if live_target:
+        if keys == ["b"]:
+            return run_live_b(args, _duration(args.duration) if args.duration else DEFAULT_LIVE_B_S)
+        if args.duration:
+            raise BadInput("--duration goes with --lanes b (the read-only watch of the next deploy)")
+        if keys != ["a"] and args.lanes:
+            raise BadInput(f"live mode runs lane a (the drill) or lane b (the watch of the next deploy), one at a "
+                           f"time: --lanes {args.lanes}")
         return run_live(args)
     versions = [binary.release] if binary else resolve_controller_versions(args.controller)
     plan = legs.plan(versions, keys, args.variant, label=binary.label if binary else None)

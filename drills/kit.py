@@ -127,9 +127,10 @@ class Recording:
         return timeline.derive(self.records(), h, since_mark=since_mark, **kw)
 
     def wait(self, name: str, done: Callable[[timeline.Derived], bool], timeout: float,
-             describe: Callable[[timeline.Derived], str] | None = None, **derive_kw) -> timeline.Derived:
+             describe: Callable[[timeline.Derived], str] | None = None, interval: float = 0.05,
+             **derive_kw) -> timeline.Derived:
         """A named wait on the timeline: until ``done(derived so far)`` holds."""
-        return until(name, lambda: self.derive(**derive_kw), done, timeout,
+        return until(name, lambda: self.derive(**derive_kw), done, timeout, interval=interval,
                      describe=describe or (lambda d: f"canary weights {[w for _, w in d.canary_weight]}"))
 
     def wait_weight(self, weight: int, timeout: float, why: str = "") -> timeline.Derived:

@@ -24,6 +24,7 @@ from . import config, kube
 from .errors import BadInput, Refused
 from .kit import DrillRollout
 from .lanes.a_live import LiveLaneA
+from .lanes.b_live import LiveLaneB
 from .lanes.base import LaneContext
 from .ledger import INCONCLUSIVE, Ledger, exit_code, new_run_id
 from .phases import PhasedLoad
@@ -192,6 +193,39 @@ def rollback_template(ro: dict, target_template: dict, app: str) -> dict:
     return reverted if same_images else target_template
 
 
+def run_live_b(args, duration: float, log=None) -> int:
+    """Lane B live: the next deploy of the named Rollout, watched read-only (the gate: allowlist, opt-in label)."""
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    target = check_inputs(args)
+    api = kube.new_client(target.kubeconfig, target.context)
+    try:
+        check_namespace(api, target.namespace)
+        Rollouts(api, target.namespace).get(target.rollout)
+        version = controller_image_version(api)
+    except ApiException as e:
+        if e.status == 404:
+            raise Refused(f"rollout {target.namespace}/{target.rollout} does not exist") from None
+        raise kube.unreachable(e, api, "live preflight") from None
+    if args.dry_run:
+        print(f"dry-run: would watch {target.namespace}/{target.rollout} read-only for up to {duration:.0f}s; "
+              f"nothing is sent")
+        return 0
+    run_id = new_run_id()
+    run_dir = config.reports_dir() / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version)
+    ctx = LaneContext(api=api, namespace=target.namespace, evidence_dir=run_dir / "live", ledger=ledger,
+                      version=version, variant="live", log=log)
+    with SignalGuard() as guard:
+        try:
+            LiveLaneB(ctx, target.rollout, duration).first_deploy()
+        except Interrupted as e:
+            guard.quiet()
+            ledger.record("b", "interrupted", "watch completed", "completed", str(e), INCONCLUSIVE,
+                          reason=f"watch {e}")
+    return exit_code(ledger.rows)
+
+
 def run_live(args, log=None) -> int:
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     target = check_inputs(args)
@@ -217,6 +251,8 @@ def run_live(args, log=None) -> int:
             f"cut the steps [{steps_text(steps)}] -> [{steps_text(cut)}]",
             f"redeploy container {app} at {image_v2}, wait for the rollback target to be scaled to 0",
             "AFTER: roll back again and observe",
+            f"EXIT: redeploy container {app} at {image_v2}, roll back once more, abort while the revived "
+            f"ReplicaSet is partly available, then promote --full",
             f"restore: the pod template and steps [{steps_text(steps)}] exactly as they are now"]
     if args.dry_run:
         for p in plan:

@@ -88,6 +88,8 @@ def test_app_and_sidecar_drill_changes_only_the_app_and_restores_the_spec_exactl
     assert r.returncode == 0, (r.stderr[-3000:], rows)
     peaks = {row["step"]: row["observed"] for row in rows if row["assertion"].startswith("peak canary weight")}
     assert peaks == {"before": 100, "after": 5}, rows
+    exit_rows = [row for row in rows if row["step"] == "exit"]
+    assert len(exit_rows) == 3 and all(row["verdict"] == "pass" for row in exit_rows), exit_rows
     redeploy = next(row for row in rows if row["step"] == "redeploy")
     assert redeploy["verdict"] == "pass" and redeploy["observed"]["istio-proxy"] == SIDECAR["image"], redeploy
     # the sidecar's image never changed, in any Rollout the recorder saw or any ReplicaSet the Rollout owns

@@ -153,40 +153,8 @@ class LaneA(Runbook):
         d.release_holds()
         obs = rec.finish(extra)
         ex = timeline.exit_analysis(timeline.load(Path(obs.timeline)), d.hash_v1, replicas=d.spec.replicas)
-        return self._exit_rows(obs, ex, res, partial_at_exit, weight_after_abort, healthy_ok, healthy_err)
-
-    def _exit_rows(self, obs, ex, res, partial_at_exit, weight_after_abort, healthy_ok, healthy_err) -> list[dict]:
-        ev = obs.timeline
-        reason = None
-        if res is None:
-            reason = "promote --full had nothing to do: the rollback had already completed"
-        elif not partial_at_exit:
-            reason = "the revived ReplicaSet was no longer partial when promote --full was sent"
-        elif not obs.complete:
-            reason = f"timeline incomplete: {'; '.join(obs.incomplete_reasons)}"
-        details = dict(variant=self.ctx.variant, weight_after_abort=weight_after_abort,
-                       partial_at_promote_full=partial_at_exit, weights_after_promote_full=ex["weights_after"],
-                       abort_seen_by_controller=ex["abort_effective"])
-
-        def verdict(ok: bool) -> str:
-            return INCONCLUSIVE if reason else (PASS if ok else FAIL)
-
-        cap = ex["max_weight_until_available"]
-        return [
-            self.row("exit", self._assertion("promote --full clears abort"), False, ex["abort_after_promote_full"],
-                     verdict(ex["abort_after_promote_full"] is False), evidence=ev, reason=reason, **details),
-            self.row("exit", self._assertion("weight never above its value at promote --full until the revived "
-                                             "ReplicaSet is fully available"),
-                     f"<= {ex['weight_at_promote_full']}", cap,
-                     INCONCLUSIVE if reason or cap is None else (PASS if cap <= ex["weight_at_promote_full"] else FAIL),
-                     evidence=ev, reason=reason or (None if cap is not None else
-                                                    "the revived ReplicaSet never became fully available in the "
-                                                    "recording"),
-                     series_text=f"canary weights after promote --full: {ex['weights_after']}", **details),
-            self.row("exit", self._assertion("Healthy at v1 after promote --full"), "Healthy, stableRS = v1",
-                     "Healthy, stableRS = v1" if healthy_ok else healthy_err, verdict(healthy_ok), evidence=ev,
-                     reason=reason, **details),
-        ]
+        return exit_rows(self, obs, ex, res, partial_at_exit, weight_after_abort, healthy_ok, healthy_err,
+                         variant=self.ctx.variant, label=self._assertion)
 
     @step("exit")
     def load_felt(self) -> list[dict]:
@@ -200,3 +168,41 @@ class LaneA(Runbook):
             if (s, "load.exposure.failure_ratio") not in phases:
                 raise StepFailed(f"no load was measured in the {s} exposure phase")
         return self.load_rows
+
+
+def exit_rows(lane: Runbook, obs, ex: dict, res, partial_at_exit: bool, weight_after_abort, healthy_ok: bool,
+              healthy_err: str | None, variant: str, label=lambda text: text, window_missed: str | None = None
+              ) -> list[dict]:
+    """The exit's rows (embedded and live): abort cleared by promote --full, the weight never above its value then
+    until the revived ReplicaSet is fully available, Healthy at v1; inconclusive when the posture was not reached."""
+    ev = obs.timeline
+    reason = None
+    if res is None:
+        reason = "promote --full had nothing to do: the rollback had already completed"
+    elif window_missed:
+        reason = window_missed
+    elif not partial_at_exit:
+        reason = "the revived ReplicaSet was no longer partial when promote --full was sent"
+    elif not obs.complete:
+        reason = f"timeline incomplete: {'; '.join(obs.incomplete_reasons)}"
+    details = dict(variant=variant, weight_after_abort=weight_after_abort, partial_at_promote_full=partial_at_exit,
+                   weights_after_promote_full=ex["weights_after"], abort_seen_by_controller=ex["abort_effective"])
+
+    def verdict(ok: bool) -> str:
+        return INCONCLUSIVE if reason else (PASS if ok else FAIL)
+
+    cap = ex["max_weight_until_available"]
+    return [
+        lane.row("exit", label("promote --full clears abort"), False, ex["abort_after_promote_full"],
+                 verdict(ex["abort_after_promote_full"] is False), evidence=ev, reason=reason, **details),
+        lane.row("exit", label("weight never above its value at promote --full until the revived ReplicaSet is "
+                               "fully available"),
+                 f"<= {ex['weight_at_promote_full']}", cap,
+                 INCONCLUSIVE if reason or cap is None else (PASS if cap <= ex["weight_at_promote_full"] else FAIL),
+                 evidence=ev, reason=reason or (None if cap is not None else
+                                                "the revived ReplicaSet never became fully available in the recording"),
+                 series_text=f"canary weights after promote --full: {ex['weights_after']}", **details),
+        lane.row("exit", label("Healthy at v1 after promote --full"), "Healthy, stableRS = v1",
+                 "Healthy, stableRS = v1" if healthy_ok else healthy_err, verdict(healthy_ok), evidence=ev,
+                 reason=reason, **details),
+    ]

@@ -3,20 +3,26 @@
 
 BEFORE: roll back (the application container's image reverted in the spec), observe the last setWeight on
 the partial ReplicaSet -> cut the final setWeight 100 -> redeploy the current image (only the application
-container changes; the ReplicaSet then running must be that template) -> AFTER: roll back again, observe.
+container changes; the ReplicaSet then running must be that template) -> AFTER: roll back again, observe ->
+EXIT: redeploy, roll back once more, send the abort while the revived ReplicaSet is partly available (acted on
+from the watch of its available count), then promote --full: the weight never rises above its value at that
+moment until the ReplicaSet is fully available, and the Rollout ends Healthy at the rolled-back revision.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from kubernetes import client
 
+from .. import timeline
 from ..kit import DrillRollout, Observation
 from ..ledger import FAIL, PASS
 from ..phases import PhasedLoad
 from ..podtemplate import container_images, with_image
-from ..rollout import HASH_LABEL
+from ..rollout import HASH_LABEL, healthy_at
 from ..steps import last_set_weight
 from ..wait import WaitTimeout
-from .a import ASSERT_PEAK
+from .a import ASSERT_PEAK, exit_rows
 from .base import LaneContext, Runbook, StepFailed, step
 
 
@@ -88,12 +94,48 @@ class LiveLaneA(Runbook):
                 return container_images(client.ApiClient().sanitize_for_serialization(rs.spec.template))
         return {}
 
+    @step("after")
+    def exit(self) -> list[dict]:
+        d = self.drill
+        d.deploy(d.spec.image_v2)
+        d.wait_scaled_to_zero(d.hash_v1, timeout=600)
+        rec = d.record("exit")
+        d.rollback(self.template_v1)
+        partial = None
+        try:      # natural timing: the abort goes out the moment the revived ReplicaSet is partly available
+            rec.wait("the revived ReplicaSet partly available", _partly_available, d.settle_timeout(), interval=0.02)
+        except WaitTimeout as e:
+            partial = f"the revived ReplicaSet was never seen partly available: {e}"
+        res = d.ro.abort(d.name)
+        rec.mark("abort", res)
+        now = rec.derive()
+        partial_at_exit = bool(now.partial) and now.partial[-1][1] is None
+        weight_after_abort = now.canary_weight[-1][1] if now.canary_weight else None
+        res = d.ro.promote(d.name, full=True)
+        rec.mark("promote --full", res)
+        try:
+            d.ro.wait(d.name, healthy_at(d.hash_v1), d.settle_timeout(), progress=d.progress)
+            healthy_ok, healthy_err = True, None
+        except WaitTimeout as e:
+            healthy_ok, healthy_err = False, str(e)
+        obs = rec.finish()
+        ex = timeline.exit_analysis(timeline.load(Path(obs.timeline)), d.hash_v1, replicas=d.spec.replicas)
+        rows = exit_rows(self, obs, ex, res, partial_at_exit, weight_after_abort, healthy_ok, healthy_err,
+                         variant="live", window_missed=partial or (None if partial_at_exit else
+                                                                  "the window closed before the abort landed"))
+        return rows
+
     def run(self) -> None:
         """The whole live runbook, in order."""
         self.before()
         self.cut_steps()
         self.redeploy()
         self.after()
+        self.exit()
+
+
+def _partly_available(d: timeline.Derived) -> bool:
+    return bool(d.canary_available) and 0 < d.canary_available[-1][1] < d.canary_available[-1][2]
 
 
 __all__ = ["LiveLaneA"]
