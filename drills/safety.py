@@ -172,10 +172,16 @@ class Journal:
             if "/" not in str(key) or not isinstance(entry, dict):
                 raise JournalError(f"journal {path}: rollout entry {key!r} is not namespace/name with its state")
             if "original" not in entry:         # first journal layout: the entry is the original state
-                data["rollouts"][key] = {"original": entry, "written": []}
-            orig = data["rollouts"][key]["original"]
+                data["rollouts"][key] = entry = {"original": entry, "written": []}
+            orig, written = entry.get("original"), entry.setdefault("written", [])
             if not isinstance(orig, dict) or not isinstance(orig.get("template"), dict):
                 raise JournalError(f"journal {path}: rollout {key} has no recorded pod template")
+            if not isinstance(orig.get("steps"), (list, type(None))) or not isinstance(written, list) or \
+                    not all(isinstance(w, dict) for w in written):
+                raise JournalError(f"journal {path}: rollout {key}: its recorded steps or writes are not lists")
+        for h in data.get("holds") or []:
+            if not isinstance(h, dict) or not {"id", "namespace"} <= set(h):
+                raise JournalError(f"journal {path}: a hold without id and namespace: {h!r}"[:300])
         if data.get("restored") and data.get("state", "open") == "open":
             data["state"] = "restored"
         return data
@@ -260,7 +266,7 @@ class Journal:
         parts = []
         for k, v in self.data["rollouts"].items():
             o = v["original"]
-            parts.append(f"{k}: image {_app_image(o['template'])}, steps {json.dumps(o['steps'])}, "
+            parts.append(f"{k}: image {_app_image(o['template'])}, steps {json.dumps(o.get('steps'))}, "
                          f"abort {o.get('abort', False)}")
         parts += [f"hold {h['id']} in {h['namespace']}" for h in self.data["holds"]]
         return "; ".join(parts) or "nothing"
