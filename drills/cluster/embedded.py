@@ -55,12 +55,19 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # a zombie child of ours counts as dead
+    # a zombie counts as dead, but not before its last thread has exited: until then it still holds its sockets
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                if f.read().split(")")[-1].split()[0] not in ("Z", "X"):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def listening_ports_of(pids: list[int]) -> list[int]:
@@ -395,6 +402,11 @@ class EmbeddedCluster:
                               check=False)
         for name, pid in kwok_pids.items():      # kwokctl stops them; make sure of it
             self._terminate(pid, grace=2.0, expect=name.split("-")[0])
+        try:                                      # a killed process holds its listeners until its last thread exits
+            self._wait(lambda: not any(pid_alive(p) for p in [*kwok_pids.values(), *(p["pid"] for p in procs)]), 10,
+                       "the cluster's processes to exit")
+        except ClusterError as e:
+            self.log(f"cluster: {e}")
         if self.folder.exists():
             shutil.rmtree(self.folder, ignore_errors=True)
         if not quiet:
