@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from .stages import RELEASE_ANNOTATION
+from .startup import polling_client
 
 SYSTEM_NAMESPACE = "drills-system"
 CONFIGMAP = "drills-availability"
@@ -219,11 +221,27 @@ class Releaser:
             self.stop.wait(0.05)
 
 
+def _wait_for_cluster(kubeconfig: str, timeout: float = 120) -> None:
+    """Until the kubeconfig is written and the apiserver lists pods: the releaser starts with the cluster."""
+    def answers() -> bool:
+        api = polling_client(kubeconfig)
+        if api is None:
+            return False
+        try:
+            client.CoreV1Api(api).list_namespaced_pod(SYSTEM_NAMESPACE, limit=1, _request_timeout=2)
+            return True
+        except Exception:
+            return False
+    Retrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.1), retry=retry_if_result(lambda ok: not ok),
+             reraise=True)(answers)
+
+
 def main(argv=None) -> int:
     from kubernetes import config as kconfig
     ap = argparse.ArgumentParser(prog="drills-releaser")
     ap.add_argument("--kubeconfig", required=True)
     args = ap.parse_args(argv)
+    _wait_for_cluster(args.kubeconfig)
     api = kconfig.new_client_from_config(config_file=args.kubeconfig)
     r = Releaser(api)
     signal.signal(signal.SIGTERM, lambda *a: r.stop.set())
