@@ -28,6 +28,7 @@ from .startup import (SENTINEL_NS, PhaseClock, create_sentinel, crds_served, ins
                       nodes_ready, polling_client, reserve_ports, sentinel_reconciled)
 
 NODES = 2
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 
 
 class ClusterError(RuntimeError):
@@ -285,17 +286,22 @@ class EmbeddedCluster:
                 self.log(f"cluster: starting control plane from snapshot {lease.key} (kwokctl, binary runtime)")
                 background = self._kwokctl_background(*create)
                 self._start_releaser()      # its own start-up (a Python import) overlaps the apiserver's
-                with clock.phase("kubeconfig written"):
-                    api = self._wait(lambda: self._kwokctl_failed(background) or polling_client(self.kubeconfig), 60,
-                                     "kwokctl to write the kubeconfig")
+                with clock.phase("kwokctl: control plane forked"):
+                    self._wait(lambda: self._kwokctl_failed(background) or set(CONTROL_PLANE) <= set(self._kwok_pids()),
+                               60, "kwokctl to start the control plane")
+                # all that is left of `kwokctl create` is its wait for /version: a kubectl run every 200 ms that
+                # takes CPU from the starting apiserver; the CRDs being served is the wait that counts here
+                background.terminate()
+                background.wait(10)
                 with clock.phase("CRDs Established and served"):
-                    self._wait(crds_served(api, meta["crds"]), 60, "the apiserver to serve the CRDs")
+                    poll = self._wait(lambda: polling_client(self.kubeconfig), 10, "the kubeconfig")
+                    self._wait(crds_served(poll, meta["crds"]), 60, "the apiserver to serve the CRDs")
             else:
                 self._update(snapshot={"key": lease.key, "start": "cold"})
                 self.log(f"cluster: no snapshot for these inputs: building {lease.key} (kwokctl, binary runtime)")
                 with clock.phase("kwokctl create"):
                     self._kwokctl(*create, timeout=180)
-                with clock.phase("kube-apiserver /readyz"):
+                with clock.phase("kube-apiserver /readyz after create"):
                     self._wait(lambda: self._api_ready(timeout=1), 60, "the kube-apiserver to answer /readyz")
                 with clock.phase("nodes"):
                     self._kwokctl("scale", "node", "--name", self.name, "--replicas", str(NODES))
@@ -307,19 +313,15 @@ class EmbeddedCluster:
                     self._wait(lambda: nodes_ready(api, NODES), 60, "the fake nodes to be Ready")
                 with clock.phase("snapshot save and restart"):
                     self._save_snapshot(api, lease, inputs, crds, str(crds_dir))
-                api = polling_client(self.kubeconfig)
-                self._wait(crds_served(api, crds), 60, "the apiserver to serve the CRDs")
+                self._wait(crds_served(polling_client(self.kubeconfig), crds), 60, "the apiserver to serve the CRDs")
                 self._start_releaser()
+            api = self.api_client()
             server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
             self._update(api_server=server)
             with clock.phase("controller started"):
                 self._start_controller(controller_binary)
             with clock.phase("sentinel reconciled"):
                 create_sentinel(api)
-                if background is not None:
-                    with clock.phase("kwokctl create returned"):
-                        self._kwokctl_failed(background, wait=180)
-                    background = None
                 self._wait_sentinel(api)
             with clock.phase("kube-apiserver /readyz"):
                 self._wait(lambda: self._api_ready(timeout=1), 60, "the kube-apiserver to answer /readyz")
@@ -332,7 +334,8 @@ class EmbeddedCluster:
         release = controller_binary == self.tc.rollouts_dir(version) / "rollouts-controller"
         sha = (release and stamped_sha256(controller_binary)) or sha256_file(controller_binary)
         self._update(ready=True, controller_binary=None if release else str(controller_binary), controller_sha256=sha,
-                     controller_reported_version=reported_version, startup=clock.phases)
+                     controller_reported_version=reported_version,
+                     startup={"at": clock.at, "phases": clock.phases})
 
     def _update(self, **fields) -> None:
         st = self.state()
@@ -340,20 +343,14 @@ class EmbeddedCluster:
         self._save(st)
 
     def _kwokctl_background(self, *args) -> subprocess.Popen:
-        """kwokctl in the background: its own wait for the apiserver overlaps the controller's start."""
         with open(self.folder / "logs" / "kwokctl.log", "ab") as log:
             return subprocess.Popen([str(self.tc.bin("kwok", config.KWOK_VERSION, "kwokctl")), *args],
                                     env=dict(os.environ, KWOK_WORKDIR=str(self.kwok_workdir)),
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
-    def _kwokctl_failed(self, proc: subprocess.Popen, wait: float = 0) -> bool:
-        """False while kwokctl runs (or, with ``wait``, once it succeeded); raises with its output when it failed."""
-        try:
-            rc = proc.wait(wait) if wait else proc.poll()
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            rc = proc.wait(10)
-        if rc not in (None, 0):
+    def _kwokctl_failed(self, proc: subprocess.Popen) -> bool:
+        """False while kwokctl runs or after it succeeded; raises with its output when it failed."""
+        if proc.poll() not in (None, 0):
             out = (self.folder / "logs" / "kwokctl.log").read_text(errors="replace").strip()
             raise ClusterError(f"kwokctl create cluster failed: {out[-800:]}")
         return False
@@ -366,7 +363,7 @@ class EmbeddedCluster:
         from kubernetes import client
         kdir = self.kwok_workdir / "clusters" / self.name
         pids = self._kwok_pids()
-        for name in ("kwok-controller", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in reversed(CONTROL_PLANE):
             if name in pids:
                 self._terminate(pids[name], grace=20, expect=name.split("-")[0])
             if name == "kwok-controller":

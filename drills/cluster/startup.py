@@ -71,7 +71,7 @@ class PhaseClock:
     """Start and end of each start-up phase, in seconds since ``up`` began (phases may overlap)."""
 
     def __init__(self):
-        self.t0 = time.monotonic()
+        self.t0, self.at = time.monotonic(), time.time()
         self.phases: list[dict] = []
 
     def now(self) -> float:
