@@ -292,7 +292,6 @@ class EmbeddedCluster:
                 # all that is left of `kwokctl create` is its wait for /version: a kubectl run every 200 ms that
                 # takes CPU from the starting apiserver; the CRDs being served is the wait that counts here
                 background.terminate()
-                background.wait(10)
                 with clock.phase("CRDs Established and served"):
                     poll = self._wait(lambda: polling_client(self.kubeconfig), 10, "the kubeconfig")
                     self._wait(crds_served(poll, meta["crds"]), 60, "the apiserver to serve the CRDs")
@@ -327,7 +326,7 @@ class EmbeddedCluster:
                 self._wait(lambda: self._api_ready(timeout=1), 60, "the kube-apiserver to answer /readyz")
         finally:
             lease.release()
-            if background is not None and background.poll() is None:
+            if background is not None:
                 background.terminate()
                 background.wait(10)
         clock.mark("ready")

@@ -158,22 +158,25 @@ def crds_served(api, crds: list[dict]) -> Callable[[], bool]:
     """A check: a list of each CRD's resources answers 200 (the apiserver serves a CRD's resources only
     once it is Established).
 
-    The list also fills the apiserver's watch cache of that resource: until it is filled, a list answers
-    429 and a client's informer (the controller's) backs off for a second, so all are listed, side by
-    side.  The controller probes the Istio CRDs once at its start (missing ones are looked for again only
-    every 10 minutes): it must not start before this holds.  An apiserver not answering yet counts as not
-    yet."""
+    The first list of a resource makes the apiserver build what serves it (schemas, validators, its watch
+    cache); until that is done a list answers 429 or 503 and a client's informer (the controller's) backs
+    off for a second, so all are listed, side by side, as soon as the apiserver answers.  The controller
+    probes the Istio CRDs once at its start (missing ones are looked for again only every 10 minutes): it
+    must not start before this holds.  An apiserver not answering yet counts as not yet."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
     from urllib3.exceptions import HTTPError
     co = client.CustomObjectsApi(api)
     pending = {c["name"]: c for c in crds}
+    answered = [False]
 
     def served(c: dict) -> bool:
         try:
             co.list_cluster_custom_object(c["group"], c["version"], c["plural"], limit=1, _request_timeout=5)
+            answered[0] = True
             return True
         except ApiException as e:
+            answered[0] = True
             if e.status in (404, 429, 503):
                 return False
             raise
@@ -182,7 +185,7 @@ def crds_served(api, crds: list[dict]) -> Callable[[], bool]:
 
     def check() -> bool:
         todo = list(pending.values())
-        if todo and len(todo) == len(crds):   # none served yet: one request while the apiserver starts
+        if todo and not answered[0]:      # one request at a time until the apiserver answers at all
             if not served(todo[0]):
                 return False
             pending.pop(todo.pop(0)["name"])
