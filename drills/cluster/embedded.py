@@ -314,11 +314,10 @@ class EmbeddedCluster:
                     self._save_snapshot(api, lease, inputs, crds, str(crds_dir))
                 self._wait(crds_served(polling_client(self.kubeconfig), crds), 60, "the apiserver to serve the CRDs")
                 self._start_releaser()
-            api = self.api_client()
-            server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-            self._update(api_server=server)
             with clock.phase("controller started"):
                 self._start_controller(controller_binary)
+            api = self.api_client()
+            self._update(api_server=yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"])
             with clock.phase("sentinel reconciled"):
                 create_sentinel(api)
                 self._wait_sentinel(api)
