@@ -137,8 +137,13 @@ def test_a_missing_key_is_built_once_while_a_second_process_waits(tmp_path):
          "l = SnapshotStore(sys.argv[1]).acquire('k1'); l.restore(__import__('pathlib').Path(sys.argv[2])); "
          "print(json.dumps({'ready': l.ready}))", str(store.root), str(tmp_path / "restored")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with pytest.raises(subprocess.TimeoutExpired):
-        waiter.wait(1.5)            # blocked on the builder's lock: it neither builds nor restores
+    inode = os.stat(store.lock_path("k1")).st_ino
+
+    def blocked_on_the_lock() -> bool:   # the kernel's own list of lock requests, a waiting one marked "->"
+        rows = [line.split() for line in Path("/proc/locks").read_text().splitlines()]
+        return any(r[1] == "->" and r[5] == str(waiter.pid) and r[6].endswith(f":{inode}") for r in rows)
+    _wait_for("the second process to wait on the builder's lock", blocked_on_the_lock, 30)
+    assert waiter.poll() is None and not (tmp_path / "restored").exists()
     data = tmp_path / "data"
     (data / "member").mkdir(parents=True)
     (data / "member" / "db").write_bytes(b"etcd" * 1000)
