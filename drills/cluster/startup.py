@@ -1,4 +1,5 @@
-"""Start-up helpers of the embedded cluster: control-plane ports and the phase clock.
+"""Start-up helpers of the embedded cluster: control-plane ports, the phase clock, the kwokctl configuration,
+the checks a start waits on (CRDs served, the sentinel reconciled, nodes Ready) and a polling API client.
 
 Ports are chosen by the project and recorded before kwokctl starts.  kwokctl picks a port by counting
 down from 32767 in every process and skips only the ports of clusters whose configuration is already
