@@ -22,8 +22,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ..kube import conflict_retry, new_client
+from ..wait import until
 from ..watching import ListWatch
 from .stages import RELEASE_ANNOTATION
+from .startup import polling_client
 
 SYSTEM_NAMESPACE = "drills-system"
 CONFIGMAP = "drills-availability"
@@ -218,10 +220,25 @@ class Releaser:
             self.stop.wait(0.05)
 
 
+def _wait_for_cluster(kubeconfig: str, timeout: float = 120) -> None:
+    """Until the kubeconfig is written and the apiserver lists pods: the releaser starts with the cluster."""
+    def answers() -> bool:
+        api = polling_client(kubeconfig)
+        if api is None:
+            return False
+        try:
+            client.CoreV1Api(api).list_namespaced_pod(SYSTEM_NAMESPACE, limit=1, _request_timeout=2)
+            return True
+        except Exception:
+            return False
+    until("the cluster's apiserver to list pods", answers, timeout=timeout, interval=0.1)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="drills-releaser")
     ap.add_argument("--kubeconfig", required=True)
     args = ap.parse_args(argv)
+    _wait_for_cluster(args.kubeconfig)
     api = new_client(args.kubeconfig, agent="drills-releaser/0.1")
     r = Releaser(api)
     def _term(*_):

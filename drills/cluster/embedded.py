@@ -8,14 +8,12 @@ availability control (later also the mesh emulator, Prometheus, a chart registry
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -24,10 +22,12 @@ from .. import config
 from ..procs import free_port, listening_ports_of, pid_alive, port_in_use, terminate
 from ..toolchain import Toolchain, components_for
 from ..wait import WaitTimeout, until
-from .stages import load_stages
+from .snapshot import SnapshotStore, snapshot_inputs, snapshot_key, stamped_sha256
+from .startup import (SENTINEL_NS, PhaseClock, create_sentinel, crds_served, install_crds, kwokctl_configuration,
+                      nodes_ready, polling_client, reserve_ports, sentinel_reconciled)
 
-SENTINEL_NS = "drills-system"
-SENTINEL = "drills-sentinel"
+NODES = 2
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 
 
 class ClusterError(RuntimeError):
@@ -36,23 +36,6 @@ class ClusterError(RuntimeError):
 
 class ClusterInputError(ClusterError):
     """Bad input or a refused start: an occupied port, a missing binary, an unknown version (exit 2)."""
-
-
-KWOK_PORTS = ("kubeApiserverPort", "etcdPort", "etcdPeerPort", "kubeControllerManagerPort", "kubeSchedulerPort",
-              "kwokControllerPort")
-
-
-@contextmanager
-def creation_lock():
-    """One `kwokctl create` at a time on this machine (their start-up is short; their ports must not race)."""
-    path = config.cache_dir() / "locks" / "cluster-create.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class EmbeddedCluster:
@@ -236,102 +219,141 @@ class EmbeddedCluster:
 
     def _create(self, version, api_port, controller_binary: Path, crds_dir: Path, reported_version):
         from ..toolchain.build import sha256_file
+        clock = PhaseClock()
         if self.folder.exists():
             shutil.rmtree(self.folder)
         (self.folder / "logs").mkdir(parents=True)
         self.kwok_workdir.mkdir(parents=True, exist_ok=True)
-        k = config.KUBERNETES_VERSION
-        audit_policy = self.folder / "audit-policy.yaml"
-        audit_policy.write_text(yaml.safe_dump({
-            "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-            # VirtualServices with their response, so the recorder's completeness can be proved from the
-            # apiserver's own record (every resourceVersion it handed out); everything else with metadata.
-            "rules": [{"level": "RequestResponse", "verbs": ["create", "update", "patch"],
-                       "resources": [{"group": "networking.istio.io", "resources": ["virtualservices"]}]},
-                      {"level": "Metadata"}]}))
-        opts = {
-            "runtime": "binary", "bindAddress": "127.0.0.1",
-            "kubeVersion": k, "etcdVersion": config.ETCD_VERSION.lstrip("v"),
-            "kubeApiserverBinary": str(self.tc.kube_bin("kube-apiserver")),
-            "kubeControllerManagerBinary": str(self.tc.kube_bin("kube-controller-manager")),
-            "kubeSchedulerBinary": str(self.tc.kube_bin("kube-scheduler")),
-            "kubectlBinary": str(self.tc.kube_bin("kubectl")),
-            "kwokControllerBinary": str(self.tc.bin("kwok", config.KWOK_VERSION, "kwok")),
-            "etcdBinary": str(self.tc.bin("etcd", config.ETCD_VERSION, "etcd")),
-            "kubeAuditPolicy": str(audit_policy),
-            "quietPull": True,
-        }
-        # every port named here: kwokctl's own choice counts down from 32767 in each process, so two clusters
-        # created at once would pick the same ports
-        opts.update({key: free_port() for key in KWOK_PORTS})
-        if api_port:
-            opts["kubeApiserverPort"] = api_port
-        conf = {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "options": opts}
-        stages = load_stages(self.tc.bin("kwok", config.KWOK_VERSION, "stages"))
-        conf_path = self.folder / "kwokctl.yaml"
-        conf_path.write_text(yaml.safe_dump_all([conf, *stages], sort_keys=False))
         self._save({"name": self.name, "controller_version": version, "ready": False,
                     "controller_binary": None, "processes": [],
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        self.log("cluster: starting control plane (kwokctl, binary runtime)")
-        with creation_lock():
-            self._kwokctl("create", "cluster", "--name", self.name, "-c", str(conf_path),
-                          "--kubeconfig", str(self.kubeconfig), timeout=180)
-        server = yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        audit_log = self.kwok_workdir / "clusters" / self.name / "logs" / "audit.log"
+        ports = reserve_ports(config.clusters_dir(), self.name, 6, lambda picked: self._update(
+            control_plane_ports=picked[:5] + [api_port or picked[5]]))
+        kc = kwokctl_configuration(self.tc, self.folder, ports[:5], api_port or ports[5])
+        conf_path = self.folder / "kwokctl.yaml"
+        conf_path.write_text(yaml.safe_dump_all(kc.documents, sort_keys=False))
+        crd_files = sorted(crds_dir.glob("*.yaml")) + [self.tc.bin("istio-crds", config.ISTIO_API_VERSION, "crds.yaml")]
+        inputs = snapshot_inputs(self.tc, crd_files, kc.stages, kc.audit_policy, kc.options, SENTINEL_NS, NODES)
+        kdir = self.kwok_workdir / "clusters" / self.name
+        create = ("create", "cluster", "--name", self.name, "-c", str(conf_path), "--kubeconfig", str(self.kubeconfig))
+        if kdir.exists():     # a leftover of a cluster of this name that was not taken down
+            self._kwokctl("delete", "cluster", "--name", self.name, check=False)
+            shutil.rmtree(kdir, ignore_errors=True)
+        self._update(audit_log=str(kdir / "logs" / "audit.log"), kwok_cluster_dir=str(kdir))
+        background = None
+        with clock.phase("snapshot lookup"):
+            lease = SnapshotStore().acquire(snapshot_key(inputs))
+        try:
+            if lease.ready:
+                with clock.phase("restore etcd data"):
+                    meta = lease.restore(kdir / "etcd")
+                lease.release()
+                self._update(snapshot={"key": lease.key, "start": "warm"})
+                self.log(f"cluster: starting control plane from snapshot {lease.key} (kwokctl, binary runtime)")
+                background = self._kwokctl_background(*create)
+                self._start_releaser()      # its own start-up (a Python import) overlaps the apiserver's
+                with clock.phase("kwokctl: control plane forked"):
+                    self._wait(lambda: self._kwokctl_failed(background) or set(CONTROL_PLANE) <= set(self._kwok_pids()),
+                               60, "kwokctl to start the control plane")
+                # all that is left of `kwokctl create` is its wait for /version: a kubectl run every 200 ms that
+                # takes CPU from the starting apiserver; the CRDs being served is the wait that counts here
+                background.terminate()
+                with clock.phase("CRDs Established and served"):
+                    poll = self._wait(lambda: polling_client(self.kubeconfig), 10, "the kubeconfig")
+                    self._wait(crds_served(poll, meta["crds"]), 60, "the apiserver to serve the CRDs")
+            else:
+                self._update(snapshot={"key": lease.key, "start": "cold"})
+                self.log(f"cluster: no snapshot for these inputs: building {lease.key} (kwokctl, binary runtime)")
+                with clock.phase("kwokctl create"):
+                    self._kwokctl(*create, timeout=180)
+                with clock.phase("kube-apiserver /readyz after create"):
+                    self._wait(lambda: self._api_ready(timeout=1), 60, "the kube-apiserver to answer /readyz")
+                with clock.phase("nodes"):
+                    self._kwokctl("scale", "node", "--name", self.name, "--replicas", str(NODES))
+                api = self.api_client()
+                with clock.phase("CRDs created and Established"):
+                    crds = install_crds(api, crd_files, self._wait)
+                self._ensure_system_namespace(api)
+                with clock.phase("nodes Ready"):
+                    self._wait(lambda: nodes_ready(api, NODES), 60, "the fake nodes to be Ready")
+                with clock.phase("snapshot save and restart"):
+                    self._save_snapshot(api, lease, inputs, crds, str(crds_dir))
+                self._wait(crds_served(polling_client(self.kubeconfig), crds), 60, "the apiserver to serve the CRDs")
+                self._start_releaser()
+            with clock.phase("controller started"):
+                self._start_controller(controller_binary)
+            api = self.api_client()
+            self._update(api_server=yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"])
+            with clock.phase("sentinel reconciled"):
+                create_sentinel(api)
+                self._wait_sentinel(api)
+            with clock.phase("kube-apiserver /readyz"):
+                self._wait(lambda: self._api_ready(timeout=1), 60, "the kube-apiserver to answer /readyz")
+            dead = [name for name, pid in self._kwok_pids().items() if not pid_alive(pid)]
+            if dead:
+                logs = kdir / "logs"
+                tails = "; ".join(f"{n}: {(logs / f'{n}.log').read_text()[-300:].strip()}" for n in dead
+                                  if (logs / f"{n}.log").is_file())
+                raise ClusterError(f"control-plane process(es) {', '.join(dead)} exited while the cluster started: "
+                                   f"{tails}")
+        finally:
+            lease.release()
+            if background is not None:
+                background.terminate()
+                background.wait(10)
+        clock.mark("ready")
+        release = controller_binary == self.tc.rollouts_dir(version) / "rollouts-controller"
+        sha = (release and stamped_sha256(controller_binary)) or sha256_file(controller_binary)
+        self._update(ready=True, controller_binary=None if release else str(controller_binary), controller_sha256=sha,
+                     controller_reported_version=reported_version,
+                     startup={"at": clock.at, "phases": clock.phases})
+
+    def _update(self, **fields) -> None:
         st = self.state()
-        st.update({"api_server": server, "audit_log": str(audit_log),
-                   "kwok_cluster_dir": str(self.kwok_workdir / "clusters" / self.name)})
+        st.update(fields)
         self._save(st)
-        self._wait(lambda: self._api_ready(timeout=1), 60, "the kube-apiserver to answer /readyz")
-        self._kwokctl("scale", "node", "--name", self.name, "--replicas", "2")
-        api = self.api_client()
-        self._install_crds(api, sorted(crds_dir.glob("*.yaml")) +
-                           [self.tc.bin("istio-crds", config.ISTIO_API_VERSION, "crds.yaml")])
-        self._ensure_system_namespace(api)
-        self._start_releaser()
-        self._start_controller(controller_binary)
-        self._wait_sentinel(api)
-        dead = [name for name, pid in self._kwok_pids().items() if not pid_alive(pid)]
-        if dead:
-            logs = self.kwok_workdir / "clusters" / self.name / "logs"
-            tails = "; ".join(f"{n}: {(logs / f'{n}.log').read_text()[-300:].strip()}" for n in dead
-                              if (logs / f"{n}.log").is_file())
-            raise ClusterError(f"control-plane process(es) {', '.join(dead)} exited while the cluster started: {tails}")
-        st = self.state()
-        st["ready"] = True
-        st["controller_binary"] = None if controller_binary == self.tc.rollouts_dir(version) / "rollouts-controller" \
-            else str(controller_binary)
-        st["controller_sha256"] = sha256_file(controller_binary)
-        st["controller_reported_version"] = reported_version
-        self._save(st)
+
+    def _kwokctl_background(self, *args) -> subprocess.Popen:
+        with open(self.folder / "logs" / "kwokctl.log", "ab") as log:
+            return subprocess.Popen([str(self.tc.bin("kwok", config.KWOK_VERSION, "kwokctl")), *args],
+                                    env=dict(os.environ, KWOK_WORKDIR=str(self.kwok_workdir)),
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def _kwokctl_failed(self, proc: subprocess.Popen) -> bool:
+        """False while kwokctl runs or after it succeeded; raises with its output when it failed."""
+        if proc.poll() not in (None, 0):
+            out = (self.folder / "logs" / "kwokctl.log").read_text(errors="replace").strip()
+            raise ClusterError(f"kwokctl create cluster failed: {out[-800:]}")
+        return False
+
+    def _save_snapshot(self, api, lease, inputs: dict, crds: list[dict], crds_from: str) -> None:
+        """Stop the control plane (etcd last, cleanly), store etcd's data folder, start the plane again.
+
+        The node Leases go first: a kwok controller takes a node (and its pods) only through its Lease, and
+        a Lease held by the stopped one would keep the next one waiting until it expires (minutes)."""
+        from kubernetes import client
+        kdir = self.kwok_workdir / "clusters" / self.name
+        pids = self._kwok_pids()
+        for name in reversed(CONTROL_PLANE):
+            if name in pids:
+                self._terminate(pids[name], grace=20, expect=name.split("-")[0])
+            if name == "kwok-controller":
+                client.CoordinationV1Api(api).delete_collection_namespaced_lease("kube-node-lease")
+        if any(pid_alive(p) for p in pids.values()):
+            raise ClusterError("the control plane did not stop for the snapshot")
+        for name in pids:     # kwokctl would take a stopped process not yet reaped (a zombie) for running
+            (kdir / "pids" / f"{name}.pid").unlink(missing_ok=True)
+        lease.save(kdir / "etcd", inputs, {"crds": crds, "crds_from": crds_from})
+        self.log(f"cluster: snapshot {lease.key} saved")
+        self._kwokctl("start", "cluster", "--name", self.name, timeout=180)
 
     @staticmethod
     def _wait(pred, timeout: float, what: str, interval: float = 0.05):
+        """Poll ``pred`` until it returns something truthy, and return that."""
         try:
-            until(what, pred, timeout=timeout, interval=interval)
+            return until(what, pred, timeout=timeout, interval=interval)
         except WaitTimeout as e:
             raise ClusterError(str(e)) from None
-
-    def _install_crds(self, api, files: list[Path]):
-        from kubernetes import client
-        ext = client.ApiextensionsV1Api(api)
-        names = []
-        for f in files:
-            for doc in yaml.safe_load_all(Path(f).read_text()):
-                if not doc or doc.get("kind") != "CustomResourceDefinition":
-                    continue
-                ext.create_custom_resource_definition(doc)
-                names.append(doc["metadata"]["name"])
-
-        def established():
-            for n in names:
-                crd = ext.read_custom_resource_definition(n)
-                conds = {c.type: c.status for c in (crd.status.conditions or [])}
-                if conds.get("Established") != "True":
-                    return False
-            return True
-        self._wait(established, 30, "the CRDs to be Established", interval=0.1)
 
     def _ensure_system_namespace(self, api):
         from kubernetes import client
@@ -347,8 +369,10 @@ class EmbeddedCluster:
         return proc.pid
 
     def _start_releaser(self):
+        """The releaser runs this same copy of drills (its cwd is the cluster folder); it waits for the API."""
+        path = os.pathsep.join(filter(None, [str(config.project_root()), os.environ.get("PYTHONPATH")]))
         self._spawn("releaser", [sys.executable, "-m", "drills.cluster.availability",
-                                 "--kubeconfig", str(self.kubeconfig)], [])
+                                 "--kubeconfig", str(self.kubeconfig)], [], env=dict(os.environ, PYTHONPATH=path))
 
     def _start_controller(self, binary: Path):
         metrics, healthz = free_port(), free_port()
@@ -361,25 +385,13 @@ class EmbeddedCluster:
             raise ClusterInputError(f"{binary} does not start as a rollouts controller: {log.strip()}")
 
     def _wait_sentinel(self, api, timeout: float = 60):
-        from kubernetes import client
-        co = client.CustomObjectsApi(api)
-        body = {
-            "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
-            "metadata": {"name": SENTINEL, "namespace": SENTINEL_NS},
-            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": SENTINEL}},
-                     "template": {"metadata": {"labels": {"app": SENTINEL}},
-                                  "spec": {"containers": [{"name": "c", "image": "sentinel:1"}]}},
-                     "strategy": {"canary": {"steps": [{"setWeight": 50}]}}},
-        }
-        co.create_namespaced_custom_object("argoproj.io", "v1alpha1", SENTINEL_NS, "rollouts", body)
         ctrl_pid = next(p["pid"] for p in self.state()["processes"] if p["name"] == "rollouts-controller")
 
         def reconciled():
             if not pid_alive(ctrl_pid):
                 log = (self.folder / "logs" / "rollouts-controller.log").read_text()[-600:]
                 raise ClusterInputError(f"the rollouts controller exited: {log.strip()}")
-            obj = co.get_namespaced_custom_object("argoproj.io", "v1alpha1", SENTINEL_NS, "rollouts", SENTINEL)
-            return bool((obj.get("status") or {}).get("observedGeneration"))
+            return sentinel_reconciled(api)
         self._wait(reconciled, timeout, "the rollouts controller to reconcile the sentinel Rollout", interval=0.05)
 
     # --- down -------------------------------------------------------------------------------------
@@ -397,6 +409,11 @@ class EmbeddedCluster:
                               check=False)
         for name, pid in kwok_pids.items():      # kwokctl stops them; make sure of it
             self._terminate(pid, grace=2.0, expect=name.split("-")[0])
+        try:                                      # a killed process holds its listeners until its last thread exits
+            self._wait(lambda: not any(pid_alive(p) for p in [*kwok_pids.values(), *(p["pid"] for p in procs)]), 10,
+                       "the cluster's processes to exit")
+        except ClusterError as e:
+            self.log(f"cluster: {e}")
         if self.folder.exists():
             shutil.rmtree(self.folder, ignore_errors=True)
         if not quiet:
