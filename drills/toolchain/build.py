@@ -64,6 +64,19 @@ def rollouts_component(version: str) -> Component:
     )
 
 
+def user_built_component(release: str, reported: str) -> Component:
+    """A rollouts-controller built from a release's module that reports another version string, as a build
+    of a source tree whose version file is stale does (upstream's Makefile passes ``-X
+    .../utils/version.version=$(cat VERSION)``).  Cached apart from the release, under the reported string."""
+    if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z.+-]*", reported or ""):
+        raise ValueError(f"not a version string a controller could report: {reported!r}")
+    base = rollouts_component(release)
+    return Component(
+        name=f"rollouts-reporting-{reported}", module=base.module, version=release,
+        binaries={"rollouts-controller": base.binaries["rollouts-controller"]},
+        ldflags=(f"-X {config.ROLLOUTS_MODULE}/utils/version.version={reported}",), gotoolchain=base.gotoolchain)
+
+
 def base_components() -> list[Component]:
     k = config.KUBERNETES_VERSION
     return [
@@ -393,6 +406,15 @@ class Toolchain:
             raise BuildError(f"istio.io/api: expected VirtualService and DestinationRule CRDs, found {len(picked)}")
         (dest / "crds.yaml").write_text(yaml.safe_dump_all(picked, sort_keys=False))
 
+    def _module_dir(self, comp: Component) -> Path:
+        """The module's source in the Go module cache (downloaded from the proxy if need be)."""
+        r = subprocess.run(["go", "mod", "download", "-json", f"{comp.module}@{comp.version}"], capture_output=True,
+                           text=True, env=self._env(comp), timeout=600)
+        info = json.loads(r.stdout or "{}")
+        if not info.get("Dir"):
+            raise BuildError(f"{comp.module}@{comp.version}: {info.get('Error') or r.stderr.strip()}")
+        return Path(info["Dir"])
+
     def ensure_crds(self, version: str) -> Path:
         """The CRDs of a release, without building it (from its module)."""
         built = self.rollouts_dir(version) / "crds"
@@ -401,15 +423,34 @@ class Toolchain:
         dest = self.root / "rollouts-crds" / version
         if dest.is_dir() and list(dest.glob("*.yaml")):
             return dest
-        comp = rollouts_component(version)
-        r = subprocess.run(["go", "mod", "download", "-json", f"{comp.module}@{version}"], capture_output=True,
-                           text=True, env=self._env(comp), timeout=600)
-        info = json.loads(r.stdout or "{}")
-        if not info.get("Dir"):
-            raise BuildError(f"{comp.module}@{version}: {info.get('Error') or r.stderr.strip()}")
+        moddir = self._module_dir(rollouts_component(version))
         dest.mkdir(parents=True, exist_ok=True)
-        for f in sorted((Path(info["Dir"]) / "manifests" / "crds").glob("*-crd.yaml")):
+        for f in sorted((moddir / "manifests" / "crds").glob("*-crd.yaml")):
             shutil.copyfile(f, dest / f.name)
+        return dest
+
+    # --- user-built controllers (as a user's own build of a source tree would be) ----------------
+    def build_controller_reporting(self, release: str, reported: str, out_dir: Path) -> Path:
+        """Build (once, cached) a rollouts-controller from ``release``'s module whose ``--version`` says
+        ``reported``, and copy it into ``out_dir``; returns the copy's path."""
+        comp = user_built_component(release, reported)
+        self.ensure([comp])
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        dst = out / "rollouts-controller"
+        shutil.copy2(self.dir(comp) / "rollouts-controller", dst)
+        return dst
+
+    def lay_out_source_tree(self, release: str, dest: Path) -> Path:
+        """A source-tree folder as a user's checkout of ``release`` has it, for ``--source``: the CRD manifests
+        (manifests/crds/*-crd.yaml) and rollout/trafficrouting.go, copied from the release's module."""
+        moddir = self._module_dir(rollouts_component(release))
+        dest = Path(dest)
+        (dest / "manifests" / "crds").mkdir(parents=True, exist_ok=True)
+        (dest / "rollout").mkdir(parents=True, exist_ok=True)
+        for f in sorted((moddir / "manifests" / "crds").glob("*-crd.yaml")):
+            shutil.copyfile(f, dest / "manifests" / "crds" / f.name)
+        shutil.copyfile(moddir / "rollout" / "trafficrouting.go", dest / "rollout" / "trafficrouting.go")
         return dest
 
     # --- listing ----------------------------------------------------------------------------
