@@ -191,8 +191,8 @@ class LaneOrder:
             hash_v2 = d.ro.get(d.name)["status"]["currentPodHash"]
             d.availability.unhold(hid)
             d.holds.remove(hid)
-            res = d.ro.promote(d.name)
-            d.mark("promote", res)
+            # taken by the controller, else promoted again as the plugin would (drills.rollout.promote_and_wait)
+            d.ro.promote_and_wait(d.name, 120, on_send=d.mark, progress=d._progress)
             ro = d.ro.wait(d.name, Predicate("Healthy at v2", lambda o: healthy()(o) and
                                              o["status"].get("stableRS") == o["status"].get("currentPodHash")
                                              == hash_v2), 180, progress=d._progress)
