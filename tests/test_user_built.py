@@ -83,8 +83,9 @@ def test_stale_version_build_is_shown_by_its_reported_version_and_source_crds(tm
         cluster.up(info.nearest_release, **info.cluster_kwargs())
         r = _drills("cluster", "status", "--json", env=env)
         st = json.loads(r.stdout)
-        installed = client.ApiextensionsV1Api(cluster.api_client()).read_custom_resource_definition(
-            "rollouts.argoproj.io")
+        api = cluster.api_client()
+        installed = api.sanitize_for_serialization(
+            client.ApiextensionsV1Api(api).read_custom_resource_definition("rollouts.argoproj.io"))
     finally:
         cluster.down()
     assert r.returncode == 0 and st["ready"], r.stdout + r.stderr
@@ -100,11 +101,11 @@ def test_stale_version_build_is_shown_by_its_reported_version_and_source_crds(tm
     tree_crd = yaml.safe_load((tree / "manifests" / "crds" / "rollout-crd.yaml").read_text())
     near_crd = yaml.safe_load((Toolchain().ensure_crds("v1.7.2") / "rollout-crd.yaml").read_text())
     key = "controller-gen.kubebuilder.io/version"
-    assert installed.metadata.annotations[key] == tree_crd["metadata"]["annotations"][key] != \
+    assert installed["metadata"]["annotations"][key] == tree_crd["metadata"]["annotations"][key] != \
         near_crd["metadata"]["annotations"][key]
-    step_props = (installed.spec.versions[0].schema.open_apiv3_schema.properties["spec"].properties["strategy"]
-                  .properties["canary"].properties["steps"].items.properties)
-    assert "plugin" in step_props
+    canary = installed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "strategy"]["properties"]["canary"]["properties"]
+    assert "plugin" in canary["steps"]["items"]["properties"]
 
 
 @pytest.mark.parametrize("reported", ["", "1.2.0 --evil", "../1.2.0"])
