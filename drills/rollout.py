@@ -92,22 +92,14 @@ def at_step(index: int) -> Predicate:
                      lambda ro: _observed(ro) and (ro.get("status") or {}).get("currentStepIndex") == index)
 
 
-def left_pause(index: int | None) -> Predicate:
-    """The controller has acted on a promote of the pause at ``index``."""
-    def fn(ro):
-        st = ro.get("status") or {}
-        return _observed(ro) and (st.get("phase") != "Paused" or st.get("currentStepIndex") != index) \
-            and not st.get("pauseConditions")
-    return Predicate(f"the pause at step {index} promoted", fn)
-
-
 PROMOTE_ACT_WITHIN = 20.0     # seconds a controller gets to take a plain promote before it is sent again
 
 
 def promote_taken(index: int | None) -> Predicate:
     """The controller took a plain promote of the pause at ``index``: it wrote a status without its own
     pause flag (``controllerPause``, set with every pause condition it adds, cleared once it completes the
-    pause), or it paused again at a later step.  A status the promote wrote itself never satisfies this."""
+    pause), or it paused again at a later step.  While that flag is set, no status the promote writes
+    itself satisfies this."""
     def fn(ro):
         st = ro.get("status") or {}
         if not _observed(ro):
