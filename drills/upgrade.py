@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from . import config
-from .ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED, VERDICTS
+from .ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, VERDICTS
 
 SAME, IMPROVED, REGRESSED, CHANGED, NEW, GONE = "same", "improved", "regressed", "changed", "new", "gone"
 INCONCLUSIVE_PAIR = "inconclusive"
@@ -376,6 +376,12 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "no row"
+    return "n/a" if row["verdict"] == NOT_APPLICABLE else _fmt(row.get("observed"))
+
+
 def changes_table(changes: list[Change], include_same: bool = False, width: int = 160) -> str:
     """A plain-text table, changes first (regressed, inconclusive, new, improved, changed, gone), with
     each change's words; same rows are counted, and listed only with ``include_same``."""
@@ -390,8 +396,7 @@ def changes_table(changes: list[Change], include_same: bool = False, width: int 
         lines.append("no changes" if changes else "no rows")
         return "\n".join(lines) + "\n"
     hdr = ("class", "lane", "step", "baseline", "candidate", "assertion")
-    data = [(c.cls, c.lane, c.step, _fmt((c.baseline or {}).get("observed")) if c.baseline else "no row",
-             _fmt((c.candidate or {}).get("observed")) if c.candidate else "no row", c.assertion) for c in shown]
+    data = [(c.cls, c.lane, c.step, _cell(c.baseline), _cell(c.candidate), c.assertion) for c in shown]
     w = [max(len(hdr[i]), *(min(len(str(d[i])), 34) for d in data)) for i in range(5)]
     fmt_row = lambda r: "  ".join(_clip(str(r[i]), w[i]).ljust(w[i]) for i in range(5)) + "  " + str(r[5])  # noqa: E731
     lines.append(_clip(fmt_row(hdr), width))

@@ -337,9 +337,19 @@ def test_changes_table_lists_changes_first_with_counts(tmp_path):
     lines = table.splitlines()
     assert lines[0].startswith("v1.8.2 -> v1.10.2: 1 regressed, 0 inconclusive, 1 new, 0 improved, 0 changed, "
                                "0 gone, "), lines[0]
-    assert lines[1].split() [:6] == ["class", "lane", "step", "baseline", "candidate", "assertion"]
+    assert lines[1].split()[:6] == ["class", "lane", "step", "baseline", "candidate", "assertion"]
     assert lines[2].startswith("regressed") and "mid-steps" in lines[2] and "25" in lines[2] and "75" in lines[2]
-    assert lines[4].startswith("new") and HAZARD in lines[4] and "no row" not in lines[4]
+    assert lines[4].split()[:5] == ["new", "order", HAZARD, "n/a", "100"], lines[4]
     assert lines[-1].endswith("same, not listed)")
     full = upgrade.changes_table(upgrade.classify(base, cand), include_same=True)
     assert "not listed" not in full and full.count("\nsame ") > 5
+
+
+def test_a_row_on_one_side_only_is_new_or_gone(tmp_path):
+    base = ledger_of(tmp_path, "v1.8.2", lambda led: (record_lane_a(led), record_abort(led)))
+    cand = ledger_of(tmp_path, "v1.8.5", lambda led: record_lane_a(led))          # a leg without lane abort
+    gone = find(upgrade.classify(base, cand), "abort", "rollback-window")
+    assert gone.cls == upgrade.GONE and gone.candidate is None and gone.words.endswith("candidate: no row")
+    new = find(upgrade.classify(cand, base), "abort", "rollback-window")
+    assert new.cls == upgrade.NEW and new.baseline is None and not new.danger
+    assert "no row" in upgrade.changes_table([new])
