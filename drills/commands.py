@@ -33,7 +33,7 @@ from .toolchain import (
     components_for,
     resolve_controller_versions,
 )
-from .toolchain.build import optional_components
+from .toolchain.components import optional_components
 
 MAX_PROBE_REPLICAS = 100
 DEFAULT_LIVE_B_S = 3600.0       # how long live lane B waits for the next deploy by default

@@ -1,7 +1,9 @@
 """A rollouts-controller the user built (for instance with an unmerged upstream fix applied).
 
-The binary must be an executable that answers ``--version`` as a rollouts controller does.  Its rows are
-keyed by the version it reports plus its sha256; CRDs default to those of the nearest release.
+The binary must be an executable that answers ``--version`` as a rollouts controller does.  It is named by
+what it is: the version it reports plus its sha256, never by a release.  Its CRDs come from ``--crds DIR``,
+else from ``--source DIR`` (the tree's own ``manifests/crds/*-crd.yaml``), else from the release nearest to
+the reported version -- with a warning that says so, which the console and the report show.
 """
 from __future__ import annotations
 
@@ -18,14 +20,40 @@ class ControllerBinaryError(ValueError):
     """Not an executable, or not a rollouts controller (exit 2)."""
 
 
+CRDS_FROM_FLAG, CRDS_FROM_SOURCE, CRDS_FROM_NEAREST = "--crds", "--source", "nearest release"
+
+
 @dataclass
 class BinaryInfo:
     path: Path
-    reported: str            # what the binary says, e.g. v1.8.2+unknown
-    version: str             # normalised, e.g. v1.8.2 (or the raw string when it is not a release version)
+    reported: str            # what the binary says, e.g. v1.2.0+351efb7
+    version: str             # normalised, e.g. v1.2.0 (or the raw string when it is not a version)
     sha256: str
-    nearest_release: str
+    nearest_release: str     # the release used for nothing but a fallback (CRDs, expectations)
     crds_dir: Path
+    crd_origin: str = CRDS_FROM_FLAG        # --crds | --source | nearest release
+    crd_warning: str | None = None
+
+    @property
+    def crd_source(self) -> str:
+        return str(self.crds_dir)
+
+    def cluster_kwargs(self) -> dict:
+        """What EmbeddedCluster.up takes for this binary (its first argument: ``nearest_release``)."""
+        return {"controller_binary": self.path, "crds_dir": self.crds_dir, "reported_version": self.reported,
+                "crd_warning": self.crd_warning}
+
+
+def source_crds(source: Path) -> Path | None:
+    """The CRD folder of a source tree: ``manifests/crds`` with ``*-crd.yaml`` files, looked for at ``source``
+    and, when it names ``rollout/`` or ``rollout/trafficrouting.go`` inside the tree, at the tree root."""
+    p = Path(source).expanduser().resolve()
+    start = p if p.is_dir() else p.parent
+    for root in (start, start.parent) if start.name == "rollout" else (start,):
+        crds = root / "manifests" / "crds"
+        if crds.is_dir() and list(crds.glob("*-crd.yaml")):
+            return crds
+    return None
 
 
 def nearest_release(version: str | None) -> str:
@@ -44,7 +72,7 @@ def nearest_release(version: str | None) -> str:
     return best[1]
 
 
-def inspect_binary(path: Path, crds: Path | None = None) -> BinaryInfo:
+def inspect_binary(path: Path, crds: Path | None = None, source: Path | None = None) -> BinaryInfo:
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         raise ControllerBinaryError(f"--controller-binary {path}: no such file")
@@ -65,11 +93,21 @@ def inspect_binary(path: Path, crds: Path | None = None) -> BinaryInfo:
     reported = m.group(0)
     version = config.normalise_version(reported) or reported
     near = nearest_release(config.normalise_version(reported))
-    if crds is None:
+    warning = None
+    if crds is not None:
+        origin = CRDS_FROM_FLAG
+    elif source is not None and source_crds(source) is not None:
+        crds, origin = source_crds(source), CRDS_FROM_SOURCE
+    else:
         from .toolchain import Toolchain
-        crds = Toolchain().ensure_crds(near)
-    crds = Path(crds)
+        crds, origin = Toolchain().ensure_crds(near), CRDS_FROM_NEAREST
+        why = (f"--source {source} has no manifests/crds/*-crd.yaml" if source is not None
+               else "neither --crds nor --source was given")
+        warning = (f"{why}: the CRDs installed for this controller (it reports {reported}) are those of {near}, "
+                   f"the nearest release, which it may not have been built with; give --crds DIR or --source DIR "
+                   f"(a source tree with manifests/crds)")
+    crds = Path(crds).expanduser().resolve()
     if not crds.is_dir() or not list(crds.glob("*.yaml")):
         raise ControllerBinaryError(f"--crds {crds}: no CRD files (*.yaml) there")
     return BinaryInfo(path=path, reported=reported, version=version, sha256=sha256_file(path),
-                      nearest_release=near, crds_dir=crds)
+                      nearest_release=near, crds_dir=crds, crd_origin=origin, crd_warning=warning)

@@ -40,7 +40,7 @@ class RegistryError(RuntimeError):
 # --- binaries -------------------------------------------------------------------------------------
 def _toolchain_binary(component: str, version: str, binary: str, build: bool) -> Path:
     from .toolchain import Toolchain
-    from .toolchain.build import base_components, optional_components
+    from .toolchain.components import base_components, optional_components
 
     tc = Toolchain()
     path = tc.bin(component, version, binary)

@@ -34,7 +34,7 @@ def binary_path() -> Path:
 def ensure_binary() -> Path:
     """The toolchain's prometheus binary, built first when missing (6-9 min on 2 cores)."""
     from .toolchain import Toolchain
-    from .toolchain.build import optional_components
+    from .toolchain.components import optional_components
     tc = Toolchain()
     comp = optional_components()["prometheus"]
     tc.ensure([comp])

@@ -82,8 +82,9 @@ def cluster(controller_version, request):
     c = EmbeddedCluster()
     kwargs = {}
     if binary:
-        info = inspect_binary(Path(binary), Path(crds) if crds else None)
-        kwargs = {"controller_binary": info.path, "crds_dir": info.crds_dir, "reported_version": info.reported}
+        source = request.config.getoption("--source")
+        info = inspect_binary(Path(binary), Path(crds) if crds else None, Path(source) if source else None)
+        kwargs = info.cluster_kwargs()
     was_up = c.status().get("ready") and c.controller_version == controller_version
     c.up(controller_version, **kwargs)
     yield c
@@ -133,8 +134,10 @@ def ledger(run_dir, cluster, request):
 
 
 @pytest.fixture(scope="session")
-def evidence_dir(run_dir, controller_version) -> Path:
-    d = run_dir / controller_version
+def evidence_dir(run_dir, ledger) -> Path:
+    """Per controller: a release by its version, a user-built binary by its reported version and sha256."""
+    sha = ledger.controller_sha256
+    d = run_dir / (ledger.controller_version + (f"-sha256-{sha[:12]}" if sha else ""))
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -86,13 +86,22 @@ def at_step(index: int) -> Predicate:
                      lambda ro: _observed(ro) and (ro.get("status") or {}).get("currentStepIndex") == index)
 
 
-def left_pause(index: int | None) -> Predicate:
-    """The controller has acted on a promote of the pause at ``index``."""
+PROMOTE_ACT_WITHIN = 20.0     # seconds a controller gets to take a plain promote before it is sent again
+
+
+def promote_taken(index: int | None) -> Predicate:
+    """The controller took a plain promote of the pause at ``index``: it wrote a status without its own
+    pause flag (``controllerPause``, set with every pause condition it adds, cleared once it completes the
+    pause), or it paused again at a later step.  While that flag is set, no status the promote writes
+    itself satisfies this."""
     def fn(ro):
         st = ro.get("status") or {}
-        return _observed(ro) and (st.get("phase") != "Paused" or st.get("currentStepIndex") != index) \
-            and not st.get("pauseConditions")
-    return Predicate(f"the pause at step {index} promoted", fn)
+        if not _observed(ro):
+            return False
+        if not st.get("controllerPause") and not st.get("pauseConditions"):
+            return True
+        return st.get("currentStepIndex") != index and bool(st.get("pauseConditions"))
+    return Predicate(f"the controller took the promote of the pause at step {index}", fn)
 
 
 def aborted() -> Predicate:
@@ -262,14 +271,6 @@ class Rollouts:
         return rss[-2][1]
 
     # --- status actions ---------------------------------------------------------------------------
-    def promote_and_wait(self, name: str, timeout: float = 60) -> dict | None:
-        """A plain promote of the current pause, then wait until the controller has acted on it
-        (so a loop of promotes never reads a stale pause and advances twice)."""
-        index = (self.get(name).get("status") or {}).get("currentStepIndex")
-        res = self.promote(name)
-        self.wait(name, left_pause(index), timeout)
-        return res
-
     def _fresh(self, action, name: str, *args, attempts: int = 5, **kw):
         """Status writes carry the resourceVersion they were computed from; on a conflict (the controller
         wrote in between, so ours was not applied) the write is recomputed from a fresh read."""
@@ -297,8 +298,10 @@ class Rollouts:
     def retry(self, name: str):
         return self._fresh(self._retry, name)
 
-    def _promote(self, name: str, full: bool = False) -> dict | None:
+    def _promote(self, name: str, full: bool = False, unless: Predicate | None = None) -> dict | None:
         ro = self.get(name)
+        if unless is not None and unless(ro):
+            return None
         st = ro.get("status") or {}
         rv = ro["metadata"]["resourceVersion"]
         if self.journal:
@@ -334,6 +337,53 @@ class Rollouts:
         if self.journal:
             self.journal.before_status_change(ro)
         return self._patch_status(name, "retry", {"abort": False}, ro["metadata"]["resourceVersion"])
+
+    # --- a plain promote the controller is seen to take ---------------------------------------------
+    # Controllers before v1.10.0 put the object of their own last status write back into their informer
+    # cache (writeBackToInformer, rollout/controller.go).  A promote that lands between such a write and
+    # its write-back is overwritten in the cache by the older, paused object, and no later watch event
+    # corrects it: the controller keeps reconciling the pause it already left in etcd (upstream #4694;
+    # v1.10.0 replaced the write-back with a resourceVersion tracker, #4786).  So a drill checks that the
+    # controller took the promote and, when it did not, promotes again as the plugin would from the state
+    # now stored -- computed from a fresh read, under its resourceVersion, and only while that state is
+    # still the untaken pause, so a promote never advances twice.
+    def promote_and_wait(self, name: str, timeout: float = 60, act_within: float = PROMOTE_ACT_WITHIN,
+                         on_send: Callable[[str, dict | None], None] | None = None,
+                         progress: Callable[[str], None] | None = None) -> dict | None:
+        """A plain promote of the current pause; returns the response of the first request once the
+        controller has taken it (``promote_taken``).  ``on_send(label, response)`` sees every request sent
+        ("promote", then any "promote (sent again)"), e.g. to mark it on a timeline."""
+        ro = self.get(name)
+        index = (ro.get("status") or {}).get("currentStepIndex")
+        taken = promote_taken(index)
+        res = self.promote(name)
+        if on_send:
+            on_send("promote", res)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.wait(name, taken, max(1.0, min(act_within, deadline - time.monotonic())), progress=progress)
+                return res
+            except WaitTimeout:
+                if time.monotonic() >= deadline:
+                    raise
+            cur = self.get(name)
+            st = cur.get("status") or {}
+            if taken(cur) or st.get("currentStepIndex") != index:
+                continue        # taken meanwhile, or already moved on by a re-sent promote: wait for it
+            steps = ((cur["spec"].get("strategy") or {}).get("canary") or {}).get("steps") or []
+            if not st.get("pauseConditions") and index is not None and index + 1 < len(steps) \
+                    and "pause" in steps[index + 1]:
+                raise WaitTimeout(f"the controller did not take the promote of the pause at step {index} within "
+                                  f"{act_within:.0f}s ({summarize_rollout(cur)}); a second promote would also pass "
+                                  f"the pause at step {index + 1}, so none was sent")
+            self.log(f"the controller did not take the promote of the pause at step {index} within "
+                     f"{act_within:.0f}s (stored: {summarize_rollout(cur)}, pauseConditions="
+                     f"{st.get('pauseConditions')}, controllerPause={st.get('controllerPause')}); "
+                     f"promoting again as the plugin would")
+            again = self._fresh(self._promote, name, unless=taken)
+            if on_send and again is not None:
+                on_send("promote (sent again)", again)
 
     # --- waits ------------------------------------------------------------------------------------
     def wait(self, name: str, pred: Predicate, timeout: float = 120, progress: Callable[[str], None] | None = None

@@ -157,8 +157,12 @@ class EmbeddedCluster:
         return {
             "ready": ready, "cluster": self.name, "target": "embedded",
             "controller_version": st.get("controller_version"),
+            "controller_reported_version": st.get("controller_reported_version"),
             "controller_sha256": st.get("controller_sha256"),
             "controller_binary": st.get("controller_binary"),
+            # a user-built controller: the release used only as a fallback (expectations, CRDs); never its version
+            "nearest_release": st.get("nearest_release"),
+            "crd_source": st.get("crd_source"), "crd_warning": st.get("crd_warning"),
             "kubeconfig": str(self.kubeconfig), "api_server": st.get("api_server"),
             "api_server_ready": api_ok, "folder": str(self.folder), "processes": procs,
             "audit_log": st.get("audit_log"), "created_at": st.get("created_at"),
@@ -179,19 +183,28 @@ class EmbeddedCluster:
     # --- up ---------------------------------------------------------------------------------------
     def up(self, controller_version: str | None = None, build: bool = True, api_port: int | None = None,
            controller_binary: Path | None = None, crds_dir: Path | None = None,
-           reported_version: str | None = None) -> dict:
+           reported_version: str | None = None, crd_warning: str | None = None) -> dict:
+        """A cluster at release ``controller_version``; with ``controller_binary`` (a user-built controller,
+        drills.controller_binary) that argument is only the nearest release, and the cluster is labelled by the
+        binary's reported version, its sha256 and its CRD folder ``crds_dir``."""
         version = controller_version or config.DEFAULT_CONTROLLER
+        if controller_binary is not None and crds_dir is None:
+            raise ClusterInputError("a user-built controller needs its CRD folder (drills.controller_binary)")
+        label = (config.normalise_version(reported_version or "") or reported_version or "unknown"
+                 ) if controller_binary is not None else version
         if api_port and port_in_use(api_port):
             raise ClusterInputError(f"port {api_port} on 127.0.0.1 is already in use")
         st = self.state()
         if st:
-            same = (st.get("controller_version") == version and
-                    st.get("controller_binary") == (str(controller_binary) if controller_binary else None))
+            same = ((st.get("nearest_release") or st.get("controller_version")) == version and
+                    st.get("controller_version") == label and
+                    st.get("controller_binary") == (str(controller_binary) if controller_binary else None) and
+                    (crds_dir is None or st.get("crd_source") == str(crds_dir)))
             if same and self.status()["ready"]:
-                self.log(f"cluster: {self.name} already up with controller {version}")
+                self.log(f"cluster: {self.name} already up with controller {label}")
                 return self.status()
             self.log(f"cluster: replacing {self.name} "
-                     f"(controller {st.get('controller_version')} -> {version})")
+                     f"(controller {st.get('controller_version')} -> {label})")
             self.down()
         comps = components_for([] if controller_binary else [version])
         comps = [c for c in comps if c.name != "helm"]
@@ -208,24 +221,34 @@ class EmbeddedCluster:
             if not Path(path).is_file() or not os.access(path, os.X_OK):
                 raise ClusterInputError(f"missing binary: {path} is not an executable file")
         t0 = time.monotonic()
+        if crd_warning:
+            self.log(f"cluster: warning: {crd_warning}")
         try:
-            self._create(version, api_port, Path(controller_binary), Path(crds_dir), reported_version)
+            self._create(version, api_port, Path(controller_binary), Path(crds_dir), reported_version,
+                         label, crd_warning)
         except BaseException:
             self.log("cluster: start failed, cleaning up")
             self.down(quiet=True)
             raise
-        self.log(f"cluster: {self.name} up with controller {version} in {time.monotonic() - t0:.1f}s")
+        st = self.state()
+        what = (f"user-built controller {label} (reports {reported_version}, sha256 {st.get('controller_sha256')})"
+                if st.get("controller_binary") else f"controller {label}")
+        self.log(f"cluster: {self.name} up with {what}, CRDs from {crds_dir}, in {time.monotonic() - t0:.1f}s")
         return self.status()
 
-    def _create(self, version, api_port, controller_binary: Path, crds_dir: Path, reported_version):
+    def _create(self, version, api_port, controller_binary: Path, crds_dir: Path, reported_version, label=None,
+                crd_warning=None):
         from ..toolchain.build import sha256_file
         clock = PhaseClock()
         if self.folder.exists():
             shutil.rmtree(self.folder)
         (self.folder / "logs").mkdir(parents=True)
         self.kwok_workdir.mkdir(parents=True, exist_ok=True)
-        self._save({"name": self.name, "controller_version": version, "ready": False,
+        user_built = controller_binary != self.tc.rollouts_dir(version) / "rollouts-controller"
+        self._save({"name": self.name, "controller_version": label or version, "ready": False,
                     "controller_binary": None, "processes": [],
+                    "nearest_release": version if user_built else None, "crd_source": str(crds_dir),
+                    "crd_warning": crd_warning,
                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         ports = reserve_ports(config.clusters_dir(), self.name, 6, lambda picked: self._update(
             control_plane_ports=picked[:5] + [api_port or picked[5]]))

@@ -188,8 +188,8 @@ class LaneOrder(Runbook):
             rec.wait_weight(rung, 60, f"(the rung of step {idx}) once the canary ReplicaSet is complete")
             hash_v2 = d.ro.get(d.name)["status"]["currentPodHash"]
             d.release(hid)
-            res = d.ro.promote(d.name)
-            rec.mark("promote", res)
+            # taken by the controller, else promoted again as the plugin would (drills.rollout.promote_and_wait)
+            d.ro.promote_and_wait(d.name, 120, on_send=rec.mark, progress=d.progress)
             ro = d.ro.wait(d.name, Predicate("Healthy at v2", lambda o: healthy()(o) and
                                              o["status"].get("stableRS") == o["status"].get("currentPodHash")
                                              == hash_v2), 180, progress=d.progress)

@@ -11,234 +11,24 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import yaml
 
 from .. import config
-from ..errors import BadInput
 
-
-class BuildError(RuntimeError):
-    """A component failed to build; the message names module, version and Go's error."""
-
-
-class UnknownVersion(BadInput, ValueError):
-    """Not a version string, or not served by the Go module proxy."""
-
-
-class GoMissing(BadInput):
-    """No `go` command on PATH: nothing can be built."""
-
-
-def require_go() -> str:
-    go = shutil.which("go")
-    if not go:
-        raise GoMissing("the go command is not on PATH: drills builds its binaries from Go modules; install Go "
-                        f"(>= 1.26) or put it on PATH (cache: {config.cache_dir()})")
-    return go
-
-
-@dataclass(frozen=True)
-class Component:
-    name: str                      # cache folder name: kubernetes, kwok, etcd, helm, rollouts, ...
-    module: str                    # Go module the wrapper requires
-    version: str                   # module version
-    binaries: dict = field(default_factory=dict)   # output name -> package path
-    ldflags: tuple = ()
-    gotoolchain: str | None = None
-    extra: str | None = None       # post-build step: "rollouts", "kwok", "istio"
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}@{self.version}"
-
-
-def _k8s_ldflags(v: str) -> tuple:
-    major, minor, _ = config.version_tuple(v)
-    pkg = "k8s.io/component-base/version"
-    return (f"-X {pkg}.gitVersion={v}", f"-X {pkg}.gitMajor={major}", f"-X {pkg}.gitMinor={minor}",
-            f"-X {pkg}.gitTreeState=clean")
-
-
-def needs_newer_go(version: str) -> bool:
-    return config.version_tuple(version) >= (1, 9, 0)
-
-
-def rollouts_component(version: str) -> Component:
-    bare = version.lstrip("v")
-    return Component(
-        name="rollouts", module=config.ROLLOUTS_MODULE, version=version,
-        binaries={"rollouts-controller": f"{config.ROLLOUTS_MODULE}/cmd/rollouts-controller",
-                  "kubectl-argo-rollouts": f"{config.ROLLOUTS_MODULE}/cmd/kubectl-argo-rollouts"},
-        ldflags=(f"-X {config.ROLLOUTS_MODULE}/utils/version.version={bare}",),
-        gotoolchain=config.NEWER_GO_TOOLCHAIN if needs_newer_go(version) else None,
-        extra="rollouts",
-    )
-
-
-def base_components() -> list[Component]:
-    k = config.KUBERNETES_VERSION
-    return [
-        Component("etcd", "go.etcd.io/etcd/server/v3", config.ETCD_VERSION,
-                  {"etcd": "go.etcd.io/etcd/server/v3"}),
-        Component("kwok", "sigs.k8s.io/kwok", config.KWOK_VERSION,
-                  {"kwok": "sigs.k8s.io/kwok/cmd/kwok", "kwokctl": "sigs.k8s.io/kwok/cmd/kwokctl"},
-                  extra="kwok"),
-        Component("kubernetes", "k8s.io/kubernetes", k,
-                  {n: f"k8s.io/kubernetes/cmd/{n}" for n in
-                   ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")},
-                  ldflags=_k8s_ldflags(k)),
-        Component("helm", "helm.sh/helm/v3", config.HELM_VERSION, {"helm": "helm.sh/helm/v3/cmd/helm"},
-                  ldflags=(f"-X helm.sh/helm/v3/internal/version.version={config.HELM_VERSION}",)),
-        Component("istio-crds", "istio.io/api", config.ISTIO_API_VERSION, {}, extra="istio"),
-    ]
-
-
-def optional_components() -> dict[str, Component]:
-    return {
-        "registry": Component("registry", "github.com/distribution/distribution/v3", config.REGISTRY_VERSION,
-                              {"registry": "github.com/distribution/distribution/v3/cmd/registry"}),
-        "prometheus": Component(
-            "prometheus", "github.com/prometheus/prometheus", config.PROMETHEUS_VERSION,
-            {"prometheus": "github.com/prometheus/prometheus/cmd/prometheus"},
-            ldflags=(f"-X github.com/prometheus/common/version.Version={config.PROMETHEUS_VERSION.lstrip('v')}",)),
-    }
-
-
-def resolve_controller_versions(spec: str | list[str] | None, check_served: bool = True) -> list[str]:
-    """'v1.8.2,1.10.2' / 'all' / None -> normalised versions.  Raises UnknownVersion."""
-    if spec is None or spec == "":
-        return [config.DEFAULT_CONTROLLER]
-    items = spec if isinstance(spec, list) else [s for s in spec.split(",") if s.strip()]
-    out: list[str] = []
-    for item in items:
-        item = item.strip()
-        if item == "all":
-            out.extend(v for v in config.SUPPORTED_CONTROLLERS if v not in out)
-            continue
-        v = config.normalise_version(item)
-        if v is None:
-            raise UnknownVersion(f"unknown controller version {item!r}: not a version string. "
-                                 f"Tested versions: {', '.join(config.SUPPORTED_CONTROLLERS)}")
-        if v not in config.SUPPORTED_CONTROLLERS and check_served and not _module_served(config.ROLLOUTS_MODULE, v):
-            raise UnknownVersion(f"unknown controller version {v}: the Go module proxy does not serve "
-                                 f"{config.ROLLOUTS_MODULE}@{v}. Tested versions: "
-                                 f"{', '.join(config.SUPPORTED_CONTROLLERS)}")
-        if v not in out:
-            out.append(v)
-    return out
-
-
-def _module_served(module: str, version: str) -> bool:
-    require_go()
-    env = dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod")
-    r = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True,
-                       env=env, timeout=300)
-    try:
-        info = json.loads(r.stdout)
-    except ValueError:
-        return False
-    err = info.get("Error", "")
-    # "requires go >= X" still means the module is served.
-    return bool(info.get("GoMod")) and (not err or "requires go" in err)
-
-
-def components_for(controllers: list[str], extras: list[str] = ()) -> list[Component]:
-    comps = base_components()
-    opt = optional_components()
-    comps += [opt[e] for e in extras]
-    comps += [rollouts_component(v) for v in controllers]
-    return comps
-
-
-# ---------------------------------------------------------------------------------------------
-
-_REQ_RE = re.compile(r"^\s*([^\s]+)\s+(v[^\s]+)")
-
-
-def parse_gomod(text: str) -> dict:
-    """Minimal go.mod reader: go directive, requires, replaces."""
-    go = None
-    requires: dict[str, str] = {}
-    replaces: list[tuple[str, str | None, str, str | None]] = []
-    block = None
-    for raw in text.splitlines():
-        line = raw.split("//", 1)[0].strip()
-        if not line:
-            continue
-        if block:
-            if line == ")":
-                block = None
-                continue
-            body = line
-        else:
-            word, _, body = line.partition(" ")
-            body = body.strip()
-            if word == "go":
-                go = body
-                continue
-            if word in ("require", "replace"):
-                if body == "(":
-                    block = word
-                    continue
-                block_once = word
-                _apply(block_once, body, requires, replaces)
-                continue
-            continue
-        _apply(block, body, requires, replaces)
-    return {"go": go, "require": requires, "replace": replaces}
-
-
-def _apply(kind, body, requires, replaces):
-    if kind == "require":
-        m = _REQ_RE.match(body)
-        if m:
-            requires[m.group(1)] = m.group(2)
-    elif kind == "replace":
-        left, _, right = body.partition("=>")
-        lp = left.split()
-        rp = right.split()
-        if not lp or not rp:
-            return
-        replaces.append((lp[0], lp[1] if len(lp) > 1 else None, rp[0], rp[1] if len(rp) > 1 else None))
-
-
-def wrapper_gomod(comp: Component, target: dict) -> str:
-    """The wrapper module's go.mod: require the target and repeat its replace block.
-
-    Relative (directory) replaces cannot be followed from a module zip: they become a replace to the
-    published module at the version the target requires, or, for Kubernetes' v0.0.0 staging
-    placeholders, at v0.<minor>.<patch> of the Kubernetes version.  Replaces of modules the target
-    does not require (guards such as FORBIDDEN_DEPENDENCY) are dropped.
-    """
-    lines = ["module drills.local/build/" + re.sub(r"[^A-Za-z0-9]+", "-", comp.key), ""]
-    if target.get("go"):
-        lines.append(f"go {target['go']}")
-        lines.append("")
-    lines.append(f"require {comp.module} {comp.version}")
-    lines.append("")
-    reps = []
-    for old, old_v, new, new_v in target["replace"]:
-        if new.startswith(".") or new.startswith("/"):
-            req = target["require"].get(old)
-            if req is None:
-                continue
-            if req.startswith("v0.0.0") and comp.module == "k8s.io/kubernetes":
-                _, minor, patch = config.version_tuple(comp.version)
-                req = f"v0.{minor}.{patch}"
-            reps.append(f"\t{old} => {old} {req}")
-        else:
-            left = f"{old} {old_v}" if old_v else old
-            right = f"{new} {new_v}" if new_v else new
-            reps.append(f"\t{left} => {right}")
-    if reps:
-        lines.append("replace (")
-        lines.extend(reps)
-        lines.append(")")
-    return "\n".join(lines) + "\n"
+from .components import (
+    BuildError,
+    Component,
+    components_for,
+    optional_components,
+    parse_gomod,
+    require_go,
+    rollouts_component,
+    user_built_component,
+    wrapper_gomod,
+)
 
 
 def sha256_file(path: Path) -> str:
@@ -431,6 +221,15 @@ class Toolchain:
             raise BuildError(f"istio.io/api: expected VirtualService and DestinationRule CRDs, found {len(picked)}")
         (dest / "crds.yaml").write_text(yaml.safe_dump_all(picked, sort_keys=False))
 
+    def _module_dir(self, comp: Component) -> Path:
+        """The module's source in the Go module cache (downloaded from the proxy if need be)."""
+        r = subprocess.run(["go", "mod", "download", "-json", f"{comp.module}@{comp.version}"], capture_output=True,
+                           text=True, env=self._env(comp), timeout=600)
+        info = json.loads(r.stdout or "{}")
+        if not info.get("Dir"):
+            raise BuildError(f"{comp.module}@{comp.version}: {info.get('Error') or r.stderr.strip()}")
+        return Path(info["Dir"])
+
     def ensure_crds(self, version: str) -> Path:
         """The CRDs of a release, without building it (from its module)."""
         built = self.rollouts_dir(version) / "crds"
@@ -439,15 +238,34 @@ class Toolchain:
         dest = self.root / "rollouts-crds" / version
         if dest.is_dir() and list(dest.glob("*.yaml")):
             return dest
-        comp = rollouts_component(version)
-        r = subprocess.run(["go", "mod", "download", "-json", f"{comp.module}@{version}"], capture_output=True,
-                           text=True, env=self._env(comp), timeout=600)
-        info = json.loads(r.stdout or "{}")
-        if not info.get("Dir"):
-            raise BuildError(f"{comp.module}@{version}: {info.get('Error') or r.stderr.strip()}")
+        moddir = self._module_dir(rollouts_component(version))
         dest.mkdir(parents=True, exist_ok=True)
-        for f in sorted((Path(info["Dir"]) / "manifests" / "crds").glob("*-crd.yaml")):
+        for f in sorted((moddir / "manifests" / "crds").glob("*-crd.yaml")):
             shutil.copyfile(f, dest / f.name)
+        return dest
+
+    # --- user-built controllers (as a user's own build of a source tree would be) ----------------
+    def build_controller_reporting(self, release: str, reported: str, out_dir: Path) -> Path:
+        """Build (once, cached) a rollouts-controller from ``release``'s module whose ``--version`` says
+        ``reported``, and copy it into ``out_dir``; returns the copy's path."""
+        comp = user_built_component(release, reported)
+        self.ensure([comp])
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        dst = out / "rollouts-controller"
+        shutil.copy2(self.dir(comp) / "rollouts-controller", dst)
+        return dst
+
+    def lay_out_source_tree(self, release: str, dest: Path) -> Path:
+        """A source-tree folder as a user's checkout of ``release`` has it, for ``--source``: the CRD manifests
+        (manifests/crds/*-crd.yaml) and rollout/trafficrouting.go, copied from the release's module."""
+        moddir = self._module_dir(rollouts_component(release))
+        dest = Path(dest)
+        (dest / "manifests" / "crds").mkdir(parents=True, exist_ok=True)
+        (dest / "rollout").mkdir(parents=True, exist_ok=True)
+        for f in sorted((moddir / "manifests" / "crds").glob("*-crd.yaml")):
+            shutil.copyfile(f, dest / "manifests" / "crds" / f.name)
+        shutil.copyfile(moddir / "rollout" / "trafficrouting.go", dest / "rollout" / "trafficrouting.go")
         return dest
 
     # --- listing ----------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""A plain promote the controller does not take is sent again as the plugin would, and never twice.
+
+Controllers before v1.10.0 can lose a promote in their informer cache (writeBackToInformer; see
+drills.rollout.promote_and_wait and benchmarks/bench_promote_race.py).  Here the controller process itself is
+stopped (SIGSTOP) while the promote lands, which leaves the same stored state a lost promote leaves: the
+pause conditions cleared, the controller's own pause flag still set, nothing taking it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from drills.probe import ProbeSpec, install
+from drills.rollout import Predicate, WaitTimeout, healthy, paused
+
+
+def _controller_pid(cluster) -> int:
+    return next(p["pid"] for p in cluster.state()["processes"] if p["name"] == "rollouts-controller")
+
+
+def _paused_at(index: int) -> Predicate:
+    return Predicate(f"paused at step {index}", lambda o: paused()(o) and o["status"].get("currentStepIndex") == index)
+
+
+def _promote_bodies(ro) -> list[dict]:
+    return [r["body"]["status"] for r in ro.requests if r["action"] == "promote"]
+
+
+def test_a_promote_not_taken_is_sent_again_once_and_the_rollout_completes(kube, namespace, cluster):
+    spec = ProbeSpec(steps=[{"setWeight": 50}, {"pause": {}}], replicas=2, name="web", rollback_window=None)
+    ro = install(kube, namespace, spec)
+    ro.wait("web", healthy(), 90)
+    ro.set_image("web", "registry.local/web:v2")
+    ro.wait("web", _paused_at(1), 90)
+    pid = _controller_pid(cluster)
+    sent = []
+
+    def on_send(label, res):
+        sent.append(label)
+        if label == "promote (sent again)":
+            os.kill(pid, signal.SIGCONT)     # the controller comes back after the second request
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        ro.promote_and_wait("web", timeout=60, act_within=3, on_send=on_send)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert sent == ["promote", "promote (sent again)"], sent
+    # first the plugin's promote of a pause, then the plugin's promote of the state that promote left
+    assert _promote_bodies(ro) == [{"pauseConditions": None}, {"pauseConditions": None, "currentStepIndex": 2}]
+    assert all(r["body"]["metadata"]["resourceVersion"] for r in ro.requests if r["action"] == "promote")
+    done = ro.wait("web", Predicate("Healthy at v2", lambda o: healthy()(o) and o["status"]["stableRS"] ==
+                                    o["status"]["currentPodHash"]), 90)
+    assert done["status"]["currentStepIndex"] == len(spec.steps)
+
+
+def test_a_second_promote_that_would_pass_another_pause_is_not_sent(kube, namespace, cluster):
+    spec = ProbeSpec(steps=[{"setWeight": 50}, {"pause": {}}, {"pause": {}}], replicas=2, name="two",
+                     rollback_window=None)
+    ro = install(kube, namespace, spec)
+    ro.wait("two", healthy(), 90)
+    ro.set_image("two", "registry.local/two:v2")
+    ro.wait("two", _paused_at(1), 90)
+    pid = _controller_pid(cluster)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(WaitTimeout, match="would also pass the pause at step 2, so none was sent"):
+            ro.promote_and_wait("two", timeout=30, act_within=3)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert _promote_bodies(ro) == [{"pauseConditions": None}]
+    # the controller, back, takes the one promote sent: it stops at the next pause, not past it
+    ro.wait("two", _paused_at(2), 60)
