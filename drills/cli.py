@@ -74,6 +74,30 @@ def build_parser() -> argparse.ArgumentParser:
                            "or its app.kubernetes.io/name label, else the only one that is not a known sidecar)")
     rn.set_defaults(func=commands.cmd_run)
 
+    uc = sub.add_parser("upgrade-check", formatter_class=argparse.RawDescriptionHelpFormatter,
+                        help="a go/no-go for a controller upgrade: the same legs on a baseline and a candidate, "
+                             "every row classified",
+                        description="Runs the same legs on the baseline (--from) and the candidate (--to, or "
+                                    "--to-binary for a controller you built), then pairs every (lane, step, "
+                                    "assertion) row and classifies it: same, improved, regressed, changed, new, gone "
+                                    "(by each assertion's declared direction, fixtures/upgrade/directions.yaml).\n"
+                                    "Exit: 0 nothing regressed, 1 something regressed, 3 a leg or pair "
+                                    "inconclusive, 2 bad input.")
+    uc.add_argument("--from", dest="from_", default=None, metavar="V",
+                    help=f"the baseline release (default {config.DEFAULT_CONTROLLER})")
+    uc.add_argument("--to", default=None, metavar="V", help="the candidate release")
+    uc.add_argument("--to-binary", default=None, metavar="PATH", help="the candidate: a rollouts-controller you built")
+    uc.add_argument("--source", default=None, help="source tree of --to-binary (its CRDs, its branch lines)")
+    uc.add_argument("--crds", default=None, help="CRD folder of --to-binary")
+    uc.add_argument("--lanes", default=None, help=f"{','.join(lanes.REGISTRY)} or all (default all)")
+    uc.add_argument("--variant", choices=legs.VARIANT_MODES, default="stage")
+    uc.add_argument("-j", "--jobs", type=int, default=None, help="legs at a time (default as for drills run)")
+    uc.add_argument("--runs", nargs="+", default=None, metavar="RUN_DIR",
+                    help="classify rows already recorded in these run folders; run nothing")
+    uc.add_argument("--json", action="store_true", help="the classification as JSON (upgrade.json)")
+    uc.add_argument("--keep-cluster", action="store_true", help="leave the embedded clusters up afterwards")
+    uc.set_defaults(func=commands.cmd_upgrade_check)
+
     pr = sub.add_parser("probe", help="one rollback inside rollbackWindow for any step list, on a fresh namespace")
     pr.add_argument("--steps", required=True, help='e.g. "5,pause:10s,100" (pause = indefinite)')
     pr.add_argument("--replicas", type=int, default=2)

@@ -9,11 +9,9 @@ import sys
 from pathlib import Path
 
 from . import config, kube, lanes, legs, runner
-from .branches import SourceMapError, find_branches, source_file
 from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
 from .cluster.embedded import audit_log_for
 from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
-from .controller_binary import ControllerBinaryError, inspect_binary
 from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
 from .fleet import Fleet, base_sources
 from .helm import Helm, HelmError
@@ -22,7 +20,8 @@ from .live import run_live, run_live_b
 from .probe import observation_dict, run_probe
 from .recorder import watch_rollout
 from .renderdiff import render_diff
-from .report import is_run_dir, write_matrix
+from .report import write_matrix
+from .viewmodel import is_run_dir
 from .safety import restore_journal
 from .shapes import RolloutSpec
 from .signals import Interrupted, SignalGuard
@@ -34,6 +33,8 @@ from .toolchain import (
     resolve_controller_versions,
 )
 from .toolchain.components import optional_components
+from .upgrade import changes_table
+from .upgrade_check import UPGRADE_FILE, upgrade_check, user_binary
 
 MAX_PROBE_REPLICAS = 100
 DEFAULT_LIVE_B_S = 3600.0       # how long live lane B waits for the next deploy by default
@@ -133,13 +134,7 @@ def _binary(args) -> runner.Binary | None:
                 raise BadInput(f"{flag} goes with --controller-binary (a release's lines and CRDs come from its own "
                                f"module)")
         return None
-    try:
-        info = inspect_binary(Path(args.controller_binary), Path(args.crds) if args.crds else None)
-        source = find_branches(source_file(Path(args.source))).source if args.source else None
-    except (ControllerBinaryError, SourceMapError, OSError) as e:
-        raise BadInput(str(e)) from None
-    return runner.Binary(path=info.path, crds=info.crds_dir, reported=info.reported, label=info.version,
-                         source=Path(source) if source else None, release=info.nearest_release)
+    return user_binary(args.controller_binary, args.crds, args.source, _progress)[0]
 
 
 def cmd_run(args) -> int:
@@ -178,16 +173,29 @@ def cmd_run(args) -> int:
         return EXIT_OK
     chosen = [x for x in plan if x.id in {d["id"] for d in doc["legs"]}]
     env = {"DRILLS_AVAILABILITY_CONTROL": args.availability_control, "DRILLS_ROLLBACK_VIA": args.rollback_via}
-    if binary:
-        env.update({"DRILLS_CONTROLLER_BINARY": str(binary.path), "DRILLS_CRDS": str(binary.crds)})
-        if binary.source:
-            env["DRILLS_SOURCE"] = str(binary.source)
     meta = {"plan_digest": doc["plan_digest"], "shard": doc["shard"], "total_legs": doc["total_legs"],
             "all_legs": [x.id for x in plan]}
-    code, run_dir, rows = runner.run(chosen, jobs=args.jobs, env=env, binary=binary, keep_cluster=args.keep_cluster,
+    code, run_dir, rows = runner.run(chosen, jobs=args.jobs, env=env, binaries=[binary] if binary else [],
+                                     keep_cluster=args.keep_cluster,
                                      meta=meta, log=_progress)
     print(runner.summary_table(rows))
     print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  matrix: {run_dir.parent / 'matrix.html'}")
+    if binary:
+        print(f"{binary.label} is a user-built controller: its rows are observations, not held to a release's "
+              f"expectations; classify them against a baseline with: drills upgrade-check --from "
+              f"{config.DEFAULT_CONTROLLER} --runs {run_dir} ... or run drills upgrade-check --to-binary")
+    return code
+
+
+# --- upgrade-check ----------------------------------------------------------------------------------
+def cmd_upgrade_check(args) -> int:
+    code, run_dir, changes, sides = upgrade_check(args, _progress)
+    if args.json:
+        print((run_dir / UPGRADE_FILE).read_text() if (run_dir / UPGRADE_FILE).exists()
+              else json.dumps({"baseline": sides.baseline, "candidate": sides.candidate, "exit": code}))
+    else:
+        print(changes_table(changes))
+        print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  (changes in {run_dir / UPGRADE_FILE})")
     return code
 
 

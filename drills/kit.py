@@ -43,6 +43,8 @@ RS_CREATION_SPACING_S = 1.0
 # how long the VirtualService may take to return to all-stable after the Rollout is Healthy
 ALL_STABLE_WITHIN_S = 30.0
 
+NO_EXPECTATION = "no expectation for this controller version"
+
 
 # --- observations --------------------------------------------------------------------------------------
 @dataclass
@@ -74,12 +76,12 @@ class Observation:
             return REASON_NOT_IN_WINDOW
         return None
 
-    def verdict(self, expected: int | None) -> tuple[str, str | None]:
+    def verdict(self, expected: int | None, unexpected_reason: str = NO_EXPECTATION) -> tuple[str, str | None]:
         reason = self.inconclusive_reason()
         if reason:
             return INCONCLUSIVE, reason
         if expected is None:
-            return UNVERIFIED, "no expectation for this controller version"
+            return UNVERIFIED, unexpected_reason
         return (PASS, None) if self.peak_canary_weight_while_partial == expected else (FAIL, None)
 
     def describe(self) -> str:

@@ -254,3 +254,59 @@ def plot_paths(paths: dict[str, list | None], title: str, out_png: Path) -> Path
     fig.savefig(tmp, format="png", dpi=100)
     os.replace(tmp, out_png)
     return out_png
+
+
+def plot_pair(sides: dict[str, dict | None], title: str, out_png: Path) -> Path:
+    """Two controllers' timelines of one drill side by side on one scale (baseline, then candidate): canary
+    weight against the canary's available share, partial and exposure windows shaded, t = 0 the rollback."""
+    from matplotlib.figure import (
+        Figure,  # deferred: a heavy import, needed only when drawing
+    )
+
+    names = list(sides)
+    fig = Figure(figsize=(6.0 * max(1, len(names)), 4.4), dpi=100)
+    axes = fig.subplots(1, max(1, len(names)), sharey=True, squeeze=False)[0]
+    for ax, name in zip(axes, names):
+        series = sides[name]
+        if not series:
+            ax.text(0.5, 0.5, "no timeline on this side", ha="center", va="center", transform=ax.transAxes,
+                    color="#777777")
+            ax.set_xticks([])
+            ax.set_title(name, fontsize=11, fontweight="bold")
+            continue
+        x_lo, x_hi = _x_range(series)
+        for a, b in _windows(series.get("partial"), x_hi):
+            ax.axvspan(a, b, color=PARTIAL_COLOUR, alpha=0.35, lw=0, zorder=0)
+        for a, b in _windows(series.get("exposure"), x_hi):
+            ax.axvspan(a, b, facecolor=EXPOSURE_COLOUR, alpha=0.28, edgecolor=EXPOSURE_COLOUR, lw=1.0, zorder=1)
+        share = []
+        for p in series.get("canary_available") or []:
+            if p and len(p) >= 3 and num(p[1]) is not None and num(p[2]):
+                share.append([p[0], min(100.0, 100.0 * num(p[1]) / num(p[2]))])
+        xs, ys = _steps(share, x_hi)
+        if xs:
+            ax.plot(xs, ys, drawstyle="steps-post", color=SHARE_COLOUR, lw=2.0, ls="--", zorder=4,
+                    label="available share")
+        xs, ys = _steps([[p[0], num(p[1])] for p in series.get("canary_weight") or [] if p and len(p) > 1], x_hi)
+        if xs:
+            ax.plot(xs, ys, drawstyle="steps-post", color=WEIGHT_COLOUR, lw=2.6, zorder=5, label="canary weight")
+        ax.axvline(0, color="#333333", ls=":", lw=1.2)
+        peak = (series.get("summary") or {}).get("peak_canary_weight_while_partial")
+        ax.set_title(f"{name}" + (f" — peak while partial {peak}%" if peak is not None else ""), fontsize=11,
+                     fontweight="bold")
+        ax.set_xlim(x_lo, x_hi)
+        ax.set_xlabel("seconds since rollback (t = 0)")
+        ax.grid(True, axis="y", color="#dddddd", lw=0.8)
+    axes[0].set_ylim(-3, 103)
+    axes[0].set_yticks([0, 25, 50, 75, 100])
+    axes[0].set_ylabel("% (weight / available share)")
+    handles, labels = axes[-1].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=len(handles), fontsize=9, frameon=False)
+    fig.suptitle(title, fontsize=12, fontweight="bold")
+    fig.subplots_adjust(left=0.06, right=0.99, top=0.84, bottom=0.2, wspace=0.06)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_png.with_name(out_png.name + ".tmp.png")
+    fig.savefig(tmp, format="png", dpi=100)
+    os.replace(tmp, out_png)
+    return out_png

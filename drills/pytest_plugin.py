@@ -85,8 +85,9 @@ def cluster(controller_version, request):
         source = request.config.getoption("--source")
         info = inspect_binary(Path(binary), Path(crds) if crds else None, Path(source) if source else None)
         kwargs = info.cluster_kwargs()
-    was_up = c.status().get("ready") and c.controller_version == controller_version
+    before = c.state().get("created_at") if c.status().get("ready") else None
     c.up(controller_version, **kwargs)
+    was_up = before is not None and c.state().get("created_at") == before     # reused, not (re)started
     yield c
     # a cluster this session started does not outlive it (one that was already up is left as it was)
     if not was_up and not request.config.getoption("--keep-cluster"):

@@ -13,11 +13,9 @@ report.html / report.md on the way.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from pathlib import Path
-from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
@@ -26,6 +24,19 @@ from .config import version_tuple
 from .lanes import LANES
 from .ledger import LedgerError, read_rows
 from .plots import num, pct, plot_series
+from .upgrade import normalise_assertion
+from .upgrade_report import neighbours_section, upgrade_section
+from .viewmodel import (
+    cell,
+    evidence_path,
+    fmt_value,
+    href,
+    is_run_dir,
+    link,
+    md_target,
+    rel,
+    series_of,
+)
 
 EMULATION_NOTE = "Load figures come from an emulated mesh on the embedded cluster."
 WEIGHT_NOTE = ("The drill reproduces the canary weight the controller writes, "
@@ -43,49 +54,7 @@ _env.filters["md"] = lambda t: str(t).replace("\\", "\\\\").replace("|", "\\|").
 _env.globals.update(colours=VERDICT_COLOURS, vtext=lambda v: VERDICT_TEXT.get(v, str(v or "—")), css=CSS)
 
 
-# --- cells -------------------------------------------------------------------------------------------------
-def cell(text=None, verdict=None, obs=False, links=(), md_links=None, reason=None, run=None, title=None,
-         strong=False, parts=(), link_sep=" · ") -> dict:
-    """One table cell of the view model (both templates render every field)."""
-    return {"text": text, "verdict": verdict, "obs": obs, "links": list(links),
-            "md_links": list(links if md_links is None else md_links), "reason": reason, "run": run,
-            "title": title, "strong": strong, "parts": list(parts), "link_sep": link_sep, "link_sep_md": link_sep}
-
-
-def fmt_value(v, limit: int = 80) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        text = f"{v:.3f}".rstrip("0").rstrip(".") if math.isfinite(v) else str(v)
-    elif isinstance(v, str):
-        text = v
-    else:
-        text = json.dumps(v, separators=(",", ":"), default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 # --- run folders, evidence and plots -------------------------------------------------------------------------
-def is_run_dir(path: Path) -> bool:
-    path = Path(path)
-    return path.is_dir() and (path / "ledger.json").is_file()
-
-
-def evidence_path(run_dir: Path, evidence) -> Path | None:
-    if not evidence:
-        return None
-    p = Path(str(evidence))
-    return p if p.is_absolute() else run_dir / p
-
-
-def series_of(run_dir: Path, evidence) -> Path | None:
-    """The series file of a row's evidence (itself, or the series named for its timeline)."""
-    p = evidence_path(run_dir, evidence)
-    if p is None:
-        return None
-    cand = p if p.name.endswith(timeline.SERIES_SUFFIX) else timeline.series_path(p)
-    return cand if cand.is_file() else None
-
-
 def _png_for(run_dir: Path, series: Path) -> Path:
     base = series.name[: -len(timeline.SERIES_SUFFIX)]
     try:
@@ -119,23 +88,6 @@ class Plots:
                         png = None
             self.cache[key] = (png, data)
         return self.cache[key]
-
-
-def rel(path: Path, start: Path) -> str:
-    return Path(os.path.relpath(Path(path).resolve(), Path(start).resolve())).as_posix()
-
-
-def href(path: Path, start: Path) -> str:
-    return quote(rel(path, start))
-
-
-def md_target(path: Path, start: Path) -> str:
-    r = rel(path, start)
-    return f"<{r}>" if any(c in r for c in " ()<>") else r
-
-
-def link(label: str, path: Path, start: Path) -> tuple[list, list]:
-    return [label, href(path, start)], [label, md_target(path, start)]
 
 
 # --- columns, versions, lanes --------------------------------------------------------------------------------
@@ -275,6 +227,9 @@ def write_run_report(run_dir: Path, plots: Plots | None = None) -> tuple[Path, P
                        "rows": table_rows}}, *figures]})
     if not rows:
         sections.append({"title": None, "callouts": [], "items": [], "empty": "The ledger has no rows."})
+    upgrade = upgrade_section(run_dir, rows)
+    if upgrade is not None:
+        sections.insert(0, upgrade)
     counts = verdict_counts(rows)
     page = {"title": f"Drill report — run {', '.join(run_ids)}",
             "meta": [("run id", cell(", ".join(run_ids))),
@@ -311,7 +266,7 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
     reports_root = Path(reports_root)
     runs = readable(unique_runs(discover(reports_root) if run_dirs is None else run_dirs),
                     strict=run_dirs is not None and strict)
-    plots, run_info, cells, order, seq, any_load = Plots(), [], {}, {}, 0, False
+    plots, run_info, cells, exact_cells, order, seq, any_load = Plots(), [], {}, {}, {}, 0, False
     for run_dir in runs:
         rows = read_rows(run_dir / "ledger.json")
         rep_html, rep_md = write_run_report(run_dir, plots)
@@ -323,11 +278,14 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
             png, series = plots.of(run_dir, sp) if sp else (None, None)
             if series:
                 series_seen.append(series)
-            key = tuple(str(r.get(k) or "—") for k in ("lane", "step", "assertion"))
+            # one line per assertion whatever source lines each version names in it (drills.upgrade pairs so)
+            exact = tuple(str(r.get(k) or "—") for k in ("lane", "step", "assertion"))
+            key = (exact[0], exact[1], normalise_assertion(exact[2]))
             order.setdefault(key, (lane_key(key[0]), seq))
             entry = ((str(r.get("recorded_at") or ""), str(r.get("run_id") or ""), seq), r, run_dir, png)
-            if (key, column(r)) not in cells or entry[0] > cells[(key, column(r))][0]:
-                cells[(key, column(r))] = entry
+            for store, k in ((cells, key), (exact_cells, exact)):
+                if (k, column(r)) not in store or entry[0] > store[(k, column(r))][0]:
+                    store[(k, column(r))] = entry
         any_load = any_load or has_load(rows, series_seen)
     columns = sorted({c for _, c in cells}, key=column_key)
     runs_rows = []
@@ -352,9 +310,12 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
          "items": [{"table": {"columns": ["lane/step/assertion", *columns], "rows": matrix_rows, "head_col": True}}]
          if matrix_rows else []},
     ]
+    history = neighbours_section([e[1] for e in cells.values()])
+    if history is not None:
+        sections.append(history)
     for lane in LANES:
-        lane_cells = {(c, k[1], k[2]): e[1] for (k, c), e in cells.items() if k[0] == lane.key}
-        entries = {(c, k[1], k[2]): e for (k, c), e in cells.items() if k[0] == lane.key}
+        lane_cells = {(c, k[1], k[2]): e[1] for (k, c), e in exact_cells.items() if k[0] == lane.key}
+        entries = {(c, k[1], k[2]): e for (k, c), e in exact_cells.items() if k[0] == lane.key}
         for sec in lane.report_sections(lane_cells, reports_root):
             sections.append(_lane_section(sec, entries, reports_root))
     page = {"title": "Drills — controller version × assertion matrix", "meta": [],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,20 @@ def cluster_name(version: str, versions: int = 2) -> str:
     """The embedded cluster of one controller version in a run: the default cluster's name when the run has one
     version (so `drills cluster status` finds a kept cluster), else that name plus the version."""
     base = os.environ.get("DRILLS_CLUSTER") or config.EMBEDDED_CLUSTER_NAME
-    return base if versions == 1 else f"{base}-{version.replace('.', '-')}"
+    return base if versions == 1 else f"{base}-{re.sub(r'[^a-z0-9]+', '-', version.lower()).strip('-')}"
+
+
+def leg_rows(rows: list[dict], leg: Leg, binary: "Binary | None" = None) -> list[dict]:
+    """The ledger rows one leg wrote: its lane, and its controller (a user-built one by its sha256)."""
+    def mine(r: dict) -> bool:
+        if r.get("lane") != leg.lane:
+            return False
+        if binary is not None and binary.sha256:
+            return r.get("controller_sha256") == binary.sha256
+        if leg.label:
+            return str(r.get("controller_version", "")).startswith(leg.label)
+        return r.get("controller_version") == leg.controller and not r.get("controller_sha256")
+    return [r for r in rows if mine(r)]
 
 
 def link_latest(run_dir: Path) -> None:
@@ -71,6 +85,15 @@ class Binary:
     label: str
     source: Path | None = None
     release: str = config.DEFAULT_CONTROLLER
+    crd_warning: str | None = None
+    sha256: str | None = None
+
+    def env(self) -> dict:
+        """What a leg's pytest needs to find this controller (the plugin's --controller-binary, --crds, --source)."""
+        out = {"DRILLS_CONTROLLER_BINARY": str(self.path), "DRILLS_CRDS": str(self.crds)}
+        if self.source:
+            out["DRILLS_SOURCE"] = str(self.source)
+        return out
 
 
 @dataclass
@@ -93,7 +116,7 @@ class Run:
     run_dir: Path
     jobs: int
     env: dict = field(default_factory=dict)
-    binary: Binary | None = None
+    binaries: dict[str, Binary] = field(default_factory=dict)    # leg label -> the user-built controller
     keep_cluster: bool = False
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)
 
@@ -105,12 +128,20 @@ class Run:
         self.built: set[str] = set()
         self.build_error: str | None = None
         self.clusters: dict[str, EmbeddedCluster] = {}
-        self.cluster_locks = {v: threading.Lock() for v in {x.controller for x in self.legs}}
-        self.left = {v: sum(1 for x in self.legs if x.controller == v) for v in self.cluster_locks}
+        self.cluster_locks = {self._key(x): threading.Lock() for x in self.legs}
+        self.left = {k: sum(1 for x in self.legs if self._key(x) == k) for k in self.cluster_locks}
+
+    @staticmethod
+    def _key(leg: Leg) -> str:
+        """The cluster a leg runs on: one per release, one per user-built controller."""
+        return leg.label or leg.controller
+
+    def _binary(self, leg: Leg) -> Binary | None:
+        return self.binaries.get(leg.label) if leg.label else None
 
     # --- binaries, in the background -----------------------------------------------------------------------
     def _needs(self, leg: Leg) -> set[str]:
-        comps = components_for([] if self.binary else [leg.controller], list(REGISTRY[leg.lane].extras))
+        comps = components_for([] if self._binary(leg) else [leg.controller], list(REGISTRY[leg.lane].extras))
         return {c.key for c in comps if c.name != "helm"} | ({"helm@" + config.HELM_VERSION}
                                                             if leg.lane == "b" else set())
 
@@ -118,7 +149,7 @@ class Run:
         tc = Toolchain(log=self.log)
         order = []
         for leg in self.legs:                   # in plan order: the first legs' components first
-            for c in components_for([] if self.binary else [leg.controller], list(REGISTRY[leg.lane].extras)):
+            for c in components_for([] if self._binary(leg) else [leg.controller], list(REGISTRY[leg.lane].extras)):
                 if c.key not in [o.key for o in order]:
                     order.append(c)
         try:
@@ -135,37 +166,46 @@ class Run:
         return self._needs(leg) <= self.built
 
     # --- clusters ------------------------------------------------------------------------------------------
-    def _cluster(self, version: str) -> EmbeddedCluster:
-        with self.cluster_locks[version]:
-            c = self.clusters.get(version)
+    def _cluster(self, leg: Leg) -> EmbeddedCluster:
+        key, binary = self._key(leg), self._binary(leg)
+        with self.cluster_locks[key]:
+            c = self.clusters.get(key)
             if c is None:
-                c = EmbeddedCluster(cluster_name(version, len(self.cluster_locks)), log=self.log)
+                c = EmbeddedCluster(cluster_name(key, len(self.cluster_locks)), log=self.log)
                 kw = {}
-                if self.binary:
-                    kw = {"controller_binary": self.binary.path, "crds_dir": self.binary.crds,
-                          "reported_version": self.binary.reported}
-                self.log(f"run {self.run_id}: cluster {c.name} for {self.binary.label if self.binary else version}")
-                c.up(version, build=False, **kw)
-                self.clusters[version] = c
+                if binary:
+                    kw = {"controller_binary": binary.path, "crds_dir": binary.crds,
+                          "reported_version": binary.reported, "crd_warning": binary.crd_warning}
+                self.log(f"run {self.run_id}: cluster {c.name} for "
+                         + (f"user-built {binary.label} (sha256 of {binary.path.name}), CRDs from {binary.crds}"
+                            if binary else key))
+                c.up(leg.controller, build=False, **kw)
+                self.clusters[key] = c
             return c
 
-    def _leg_done(self, version: str) -> None:
-        with self.cluster_locks[version]:
-            self.left[version] -= 1
-            if self.left[version] == 0 and not self.keep_cluster and version in self.clusters:
-                self.clusters.pop(version).down(quiet=True)
+    def _leg_done(self, leg: Leg) -> None:
+        key = self._key(leg)
+        with self.cluster_locks[key]:
+            self.left[key] -= 1
+            if self.left[key] == 0 and not self.keep_cluster and key in self.clusters:
+                self.clusters.pop(key).down(quiet=True)
 
     # --- one leg ----------------------------------------------------------------------------------------------
     def _run_leg(self, leg: Leg, res: LegResult) -> None:
         try:
-            cluster = self._cluster(leg.controller)
+            cluster = self._cluster(leg)
+            binary = self._binary(leg)
             res.log = self.run_dir / "legs" / f"{leg.slug}.log"
             res.log.parent.mkdir(parents=True, exist_ok=True)
             cmd = [sys.executable, "-m", "pytest", "-p", "no:locust", "-p", "no:cacheprovider", "-q", "-rfE",
                    "--no-header", "--controller", leg.controller, "--lane-a-variant", leg.variant,
                    "--drills-run-dir", str(self.run_dir), "--drills-run-id", self.run_id,
                    f"--junitxml={self.run_dir / f'junit-{leg.slug}.xml'}", str(REGISTRY[leg.lane].tests_dir())]
-            env = dict(os.environ, **self.env, DRILLS_CLUSTER=cluster.name, DRILLS_KEEP_CLUSTER="1")
+            env = dict(os.environ, **self.env, **(binary.env() if binary else {}), DRILLS_CLUSTER=cluster.name,
+                       DRILLS_KEEP_CLUSTER="1")
+            for name in ("DRILLS_CONTROLLER_BINARY", "DRILLS_CRDS", "DRILLS_SOURCE"):
+                if binary is None:         # a release's leg never inherits a user-built controller's settings
+                    env.pop(name, None)
             with open(res.log, "w") as out:
                 res.rc = subprocess.call(cmd, cwd=str(config.project_root()), env=env, stdout=out,
                                          stderr=subprocess.STDOUT)
@@ -179,13 +219,12 @@ class Run:
             res.ended = time.monotonic()
             if res.rc == 0 or res.error is None:
                 legsmod.record_duration(leg, res.seconds)
-            self._leg_done(leg.controller)
+            self._leg_done(leg)
             self._say_done(res)
             self.changed.set()
 
     def _say_done(self, res: LegResult) -> None:
-        rows = [r for r in read_rows(self.run_dir / "ledger.json") if r.get("lane") == res.leg.lane
-                and str(r.get("controller_version", "")).startswith(res.leg.label or res.leg.controller)]
+        rows = leg_rows(read_rows(self.run_dir / "ledger.json"), res.leg, self._binary(res.leg))
         counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in (PASS, FAIL, INCONCLUSIVE)}
         self.log(f"leg {res.leg.id}: done in {res.seconds:.0f}s (pytest exit {res.rc}; rows so far for its lane and "
                  f"version: {counts[PASS]} pass, {counts[FAIL]} fail, {counts[INCONCLUSIVE]} inconclusive)"
@@ -220,7 +259,7 @@ class Run:
                                                            error=f"binaries did not build: {self.build_error}")
                     res.ended = res.started
                     pending.remove(leg)
-                    self._leg_done(leg.controller)
+                    self._leg_done(leg)
                     continue
                 if not self._ready(leg):
                     continue
@@ -244,7 +283,7 @@ class Run:
 
 
 def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, env: dict | None = None,
-        binary: Binary | None = None, keep_cluster: bool = False, meta: dict | None = None,
+        binaries: list[Binary] = (), keep_cluster: bool = False, meta: dict | None = None,
         log: Callable[[str], None] | None = None) -> tuple[int, Path, list[dict]]:
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     run_dir = Path(run_dir or config.reports_dir() / new_run_id())
@@ -253,7 +292,7 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
     jobs = jobs or default_jobs(len(plan))
     t0 = time.monotonic()
     log(f"run {run_dir.name}: {len(plan)} leg(s), {jobs} at a time")
-    r = Run(plan, run_dir, jobs, env or {}, binary, keep_cluster, log)
+    r = Run(plan, run_dir, jobs, env or {}, {b.label: b for b in binaries}, keep_cluster, log)
     results = r.execute()
     wall = time.monotonic() - t0
     (run_dir / "run.json").write_text(json.dumps(dict(meta or {}, run_id=run_dir.name, jobs=jobs, wall_s=round(wall, 1),
@@ -264,8 +303,7 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
     rows = read_rows(run_dir / "ledger.json")
     codes = [exit_code(rows)]
     for res in results.values():
-        mine = [x for x in rows if x.get("lane") == res.leg.lane and
-                str(x.get("controller_version", "")).startswith(res.leg.label or res.leg.controller)]
+        mine = leg_rows(rows, res.leg, r._binary(res.leg))
         if res.rc == 2:
             codes.append(2)
         elif res.rc != 0 and exit_code(mine) == 0:

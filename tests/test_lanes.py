@@ -2,29 +2,52 @@
 (`drills run --lanes all` with its default -j: legs in parallel, one embedded cluster per version).
 
 The legs' own pytest output is in the run folder (legs/<leg>.log); a failure here quotes every row that did not
-pass and the tail of the log of every leg that failed."""
+pass and the tail of the log of every leg that failed.  The same run's rows then go through `drills
+upgrade-check --runs`: the change from the first version under test to the last, classified."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from drills import config
+import pytest
+
+from drills import config, lanes
 from drills.ledger import PASS, describe_row, read_rows
 
 
-def test_every_lane_passes_on_the_controllers_under_test(request, tmp_path):
-    versions = request.config.getoption("--controller") or ",".join(config.TEST_CONTROLLERS)
-    reports = Path(os.environ.get("DRILLS_REPORTS") or config.reports_dir())
-    env = dict(os.environ, DRILLS_REPORTS=str(reports), DRILLS_CLUSTER=f"lanes-{os.getpid()}")
-    log = tmp_path / "run.log"
+def _drills(*args, env=None, log: Path | None = None) -> tuple[int, str]:
+    env = dict(os.environ, **(env or {}))
+    if log is None:
+        r = subprocess.run([sys.executable, "-m", "drills", *args], env=env, capture_output=True, text=True,
+                           cwd=str(config.project_root()), timeout=600)
+        return r.returncode, r.stdout + r.stderr
     with open(log, "w") as out:
-        rc = subprocess.call([sys.executable, "-m", "drills", "run", "--controller", versions, "--lanes", "all"],
-                             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=str(config.project_root()))
-    text = log.read_text()
+        rc = subprocess.call([sys.executable, "-m", "drills", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
+                             cwd=str(config.project_root()))
+    return rc, log.read_text()
+
+
+@pytest.fixture(scope="module")
+def versions(request) -> list[str]:
+    return (request.config.getoption("--controller") or ",".join(config.TEST_CONTROLLERS)).split(",")
+
+
+@pytest.fixture(scope="module")
+def lanes_run(versions, tmp_path_factory) -> tuple[int, str, Path | None]:
+    reports = Path(os.environ.get("DRILLS_REPORTS") or config.reports_dir())
+    env = {"DRILLS_REPORTS": str(reports), "DRILLS_CLUSTER": f"lanes-{os.getpid()}"}
+    rc, text = _drills("run", "--controller", ",".join(versions), "--lanes", "all", env=env,
+                       log=tmp_path_factory.mktemp("lanes") / "run.log")
     run_dir = next((Path(line.split("run folder: ", 1)[1].split()[0]) for line in text.splitlines()
                     if line.startswith("run folder: ")), None)
+    return rc, text, run_dir
+
+
+def test_every_lane_passes_on_the_controllers_under_test(lanes_run, versions):
+    rc, text, run_dir = lanes_run
     assert run_dir is not None, text[-4000:]
     rows = read_rows(run_dir / "ledger.json")
     bad = [describe_row(r) for r in rows if r["verdict"] not in (PASS, "unverified", "not_applicable")]
@@ -33,5 +56,30 @@ def test_every_lane_passes_on_the_controllers_under_test(request, tmp_path):
                    or " failed" in p.read_text()[-300:]]
     assert rc == 0, "\n".join([f"drills run exited {rc} (run folder {run_dir})", *bad, *failed_logs, text[-3000:]])
     lanes_seen = {(r["lane"], r["controller_version"]) for r in rows}
-    assert {lane for lane, _ in lanes_seen} == {"a", "b", "abort", "order"}, sorted(lanes_seen)
-    assert {v for _, v in lanes_seen} == set(versions.split(",")), sorted(lanes_seen)
+    assert {lane for lane, _ in lanes_seen} == set(lanes.REGISTRY), sorted(lanes_seen)
+    assert {v for _, v in lanes_seen} == set(versions), sorted(lanes_seen)
+
+
+def test_upgrade_check_classifies_the_run_from_the_first_version_to_the_last(lanes_run, versions):
+    rc, text, run_dir = lanes_run
+    if len(versions) < 2:
+        pytest.skip(f"one controller version under test ({versions[0]}): no upgrade to classify")
+    assert run_dir is not None, text[-4000:]
+    code, out = _drills("upgrade-check", "--from", versions[0], "--to", versions[-1], "--runs", str(run_dir),
+                        "--json")
+    assert code in (0, 1, 3), out[-3000:]
+    doc = json.loads(out[: out.rindex("}") + 1])
+    assert (doc["baseline"], doc["candidate"], doc["exit"]) == (versions[0], versions[-1], code)
+    rows = read_rows(run_dir / "ledger.json")
+    paired = {(r["lane"], r["step"]) for r in rows if r["controller_version"] in (versions[0], versions[-1])}
+    assert {(c["lane"], c["step"]) for c in doc["changes"]} == paired
+    assert sum(doc["counts"].values()) == len(doc["changes"])
+    by_step = {(c["lane"], c["step"]): c for c in doc["changes"] if not c["assertion"].startswith("load.")}
+    hazard = by_step.get(("order", "hazard-replica-progress-threshold"))
+    if versions[0] == "v1.8.2" and versions[-1] == "v1.10.2":
+        # the field does not exist before v1.9: the hazard appears with the upgrade, said in words
+        assert hazard is not None and hazard["class"] == "new" and hazard["danger"], hazard
+        assert "the prescription no longer holds" in hazard["words"], hazard
+        assert by_step[("a", "before")]["class"] == by_step[("a", "after")]["class"] == "same", by_step
+    md = (run_dir / "report.md").read_text()
+    assert f"## Upgrade check: {versions[0]} → {versions[-1]}" in md

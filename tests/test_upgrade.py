@@ -6,12 +6,16 @@ read back, with the row shapes the lanes write (lane a, lane order, lane abort, 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from drills import branches, load, upgrade
+from drills import branches, config, load, upgrade
 from drills.ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, Ledger, read_rows
+from drills.report import write_matrix
 
 # DESIGN.md §2: backward search / mid-steps / end of steps per release
 LINES = {"v1.7.2": (217, 227, 233), "v1.8.2": (245, 255, 261), "v1.8.5": (245, 255, 261),
@@ -353,3 +357,68 @@ def test_a_row_on_one_side_only_is_new_or_gone(tmp_path):
     new = find(upgrade.classify(cand, base), "abort", "rollback-window")
     assert new.cls == upgrade.NEW and new.baseline is None and not new.danger
     assert "no row" in upgrade.changes_table([new])
+
+
+# --- the command and the report, on recorded run folders -------------------------------------------------
+def _series(peak: int) -> dict:
+    return {"title": "before", "t0_wall": 0.0, "canary_weight": [[0.0, 0], [4.1, peak], [20.0, 0]],
+            "stable_weight": [[0.0, 100]], "canary_available": [[0.0, 0, 2], [10.0, 1, 2], [18.0, 2, 2]],
+            "partial": [[0.0, 18.0]], "exposure": [[4.1, 18.0]] if peak > 50 else [], "markers": [[0.0, "rollback"]],
+            "summary": {"peak_canary_weight_while_partial": peak, "partial_window_observed": True,
+                        "exposure_seconds": 13.9 if peak > 50 else 0.0}}
+
+
+def _one_run_folder(tmp_path: Path) -> Path:
+    """One run folder with both controllers' rows (as `drills run --controller v1.8.2,v1.10.2` writes it), each
+    side's lane A timelines' series beside the rows that name them."""
+    run = tmp_path / "reports" / "20261201T000000Z-1"
+    for version, kw in (("v1.8.2", {}), ("v1.10.2", {"before": 50, "hazard": 100})):
+        led = Ledger(run, run.name, "embedded", version)
+        release(version, **kw)(led)
+    # each side's lane A timelines apart, their series beside them (the paired picture draws from them)
+    rows = read_rows(run / "ledger.json")
+    for r in rows:
+        if r["lane"] == "a" and r.get("evidence") in ("before.timeline.jsonl", "after.timeline.jsonl"):
+            side = run / r["controller_version"]
+            side.mkdir(exist_ok=True)
+            step = r["step"]
+            peak = 50 if (r["controller_version"], step) == ("v1.10.2", "before") else (100 if step == "before" else 5)
+            (side / f"{step}.series.json").write_text(json.dumps(_series(peak)))
+            r["evidence"] = f"{r['controller_version']}/{step}.timeline.jsonl"
+    (run / "ledger.json").write_text(json.dumps(rows))
+    return run
+
+
+def test_upgrade_check_on_recorded_runs_writes_the_change_table_and_both_timelines(tmp_path):
+    run = _one_run_folder(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "drills", "upgrade-check", "--from", "v1.8.2", "--to", "v1.10.2",
+                        "--runs", str(run), "--lanes", "a,order,abort"], capture_output=True, text=True, timeout=300,
+                       cwd=str(config.project_root()), env={**os.environ, "DRILLS_REPORTS": str(tmp_path / "reports")})
+    assert r.returncode == 0, r.stdout + r.stderr          # improved and new, nothing regressed
+    assert "v1.8.2 -> v1.10.2:" in r.stdout and "improved" in r.stdout, r.stdout
+    assert "!! DANGER: the prescription no longer holds" in r.stdout, r.stdout
+    doc = json.loads((run / "upgrade.json").read_text())
+    assert doc["counts"]["new"] == 1 and doc["counts"]["improved"] == 1 and doc["counts"]["regressed"] == 0, doc
+    assert doc["exit"] == 0
+    md = (run / "report.md").read_text()
+    top = md.index("## Upgrade check: v1.8.2 → v1.10.2")
+    assert top < md.index("## v1.8.2 · lane a"), md[:2000]        # the change table comes first
+    pic = run / "upgrade" / "a-before.png"
+    assert pic.is_file() and pic.stat().st_size > 5000 and "upgrade/a-before.png" in md
+    assert not (run / "upgrade" / "a-after.png").exists()        # 'after' did not change: no picture of it
+
+    bad = subprocess.run([sys.executable, "-m", "drills", "upgrade-check", "--from", "v1.8.2", "--to", "v1.10.2",
+                          "--runs", str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=300,
+                         cwd=str(config.project_root()))
+    assert bad.returncode == 2 and "not a run folder" in bad.stderr, bad.stderr
+
+
+def test_the_matrix_shows_what_changed_from_one_release_to_the_next(tmp_path):
+    run = _one_run_folder(tmp_path)
+    _, md_path = write_matrix([run], tmp_path / "reports")
+    md = md_path.read_text()
+    sec = md[md.index("## What changed from one tested release to the next"):]
+    line = next(x for x in sec.splitlines() if "v1.8.2 → v1.10.2" in x)
+    assert "1 improved" in line and "1 new" in line and "DANGER" in line, line
+    # one matrix line per branch-order assertion, whatever lines each version names
+    assert md.count("| order/end-of-steps/branch order: backward search before end-of-steps |") == 1, md

@@ -113,3 +113,36 @@ def test_a_reported_version_must_be_a_version_string(reported):
     from drills.toolchain.components import user_built_component
     with pytest.raises(ValueError, match="not a version string"):
         user_built_component(RELEASE, reported)
+
+
+def test_upgrade_check_classifies_a_user_built_controller_against_its_baseline(tmp_path):
+    """The stale-version build of v1.8.2 against v1.8.2 itself: one code, so every drill observation is `same`
+    (load figures may move with the machine's load: they are classified, not asserted), and the candidate's rows
+    are observations, never failed against the expectations of v1.7.2 (the release its version is nearest)."""
+    tc = Toolchain()
+    binary = tc.build_controller_reporting(RELEASE, STALE, tmp_path / "bin")
+    tree = tc.lay_out_source_tree(RELEASE, tmp_path / "argo-rollouts")
+    env = {"DRILLS_REPORTS": str(tmp_path / "reports"), "DRILLS_CLUSTER": f"ub-{os.getpid()}"}
+    r = subprocess.run([sys.executable, "-m", "drills", "upgrade-check", "--from", RELEASE, "--to-binary", str(binary),
+                        "--source", str(tree), "--lanes", "a", "--json"], capture_output=True, text=True,
+                       timeout=1800, env=dict(os.environ, **env), cwd=str(config.project_root()))
+    assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-4000:]
+    doc = json.loads(r.stdout)
+    assert (doc["baseline"], doc["candidate"], doc["candidate_sha256"]) == (RELEASE, "v1.2.0", sha256_file(binary))
+    assert doc["crd_warning"] is None
+    by = {(c["step"], c["assertion"]): c for c in doc["changes"]}
+    peaks = [c for (step, a), c in by.items() if a.startswith("peak canary weight while")]
+    assert {c["step"] for c in peaks} == {"before", "after"}, sorted(by)
+    for c in peaks:
+        assert c["class"] == "same", c
+        assert c["baseline"]["verdict"] == "pass" and c["candidate"]["verdict"] == "unverified", c
+        assert "user-built controller" in c["candidate"]["reason"], c
+    drills_rows = [c for (step, a), c in by.items() if not a.startswith("load.")]
+    assert not [c for c in drills_rows if c["class"] != "same"], [c for c in drills_rows if c["class"] != "same"]
+    assert doc["exit"] == r.returncode
+    reports = sorted((tmp_path / "reports").glob("*/upgrade.json"))
+    assert len(reports) == 1, reports
+    run_dir = reports[0].parent
+    md = (run_dir / "report.md").read_text()
+    assert f"## Upgrade check: {RELEASE} → v1.2.0" in md
+    assert f"sha256 {sha256_file(binary)[:12]}" in md

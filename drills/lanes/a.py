@@ -52,7 +52,7 @@ class LaneA(Runbook):
         self.drill.cleanup()
 
     def _peak_row(self, step_name: str, obs: Observation) -> dict:
-        verdict, reason = obs.verdict(self.expected(step_name))
+        verdict, reason = obs.verdict(self.expected(step_name), self.no_expectation)
         d = self.drill
         return self.row(step_name, self._assertion(ASSERT_PEAK), self.expected(step_name),
                         obs.peak_canary_weight_while_partial, verdict, evidence=obs.timeline, reason=reason,

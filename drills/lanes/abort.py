@@ -100,7 +100,7 @@ def outcome_rows(lane: "LaneAbort", obs: AbortObservation, expect: str | None) -
         if reason:
             return INCONCLUSIVE, reason
         if expect is None:
-            return UNVERIFIED, "no expectation for this controller version"
+            return UNVERIFIED, lane.no_expectation
         return (PASS if ok else FAIL), None
 
     if obs.step == "whole-service-query":

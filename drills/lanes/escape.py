@@ -215,7 +215,7 @@ def escape_rows(lane: Runbook, name: str, obs: dict, exp: dict) -> list[dict]:
 
     def row(assertion, key, observed, **extra):
         v = verdict(key, observed)
-        r = reason or ("no expectation for this controller version" if v == UNVERIFIED else None)
+        r = reason or (lane.no_expectation if v == UNVERIFIED else None)
         return lane.row(name, assertion, exp.get(key), observed, v, evidence=obs["timeline"], reason=r,
                         escape=name, **extra)
 

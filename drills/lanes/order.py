@@ -90,7 +90,9 @@ class LaneOrder(Runbook):
         self.source_note = "" if opts.get("source") or not opts.get("user_built") else \
             "user-built controller without --source"
         self.bm = branches.branch_map_for(ctx.version, user_built=bool(opts.get("user_built")), source=opts.get("source"))
-        self.crds_dir = Path(opts["crds"]) if opts.get("crds") else Toolchain().ensure_crds(ctx.version)
+        # the CRDs the cluster runs with (a user-built controller's from --crds or --source), else the release's
+        installed = (ctx.cluster.status().get("crd_source") if ctx.cluster is not None else None)
+        self.crds_dir = Path(opts.get("crds") or installed or Toolchain().ensure_crds(ctx.version))
         self.drills: dict[str, DrillRollout] = {}
         self.namespaces: list[str] = []
 
@@ -147,7 +149,7 @@ class LaneOrder(Runbook):
         d = self.drill("end_of_steps")
         obs = self._rollback_observation(d, f"order-{STEP_END}")
         exp = self.expected("end_of_steps") or {}
-        verdict, reason = obs.verdict(exp.get("expected"))
+        verdict, reason = obs.verdict(exp.get("expected"), self.no_expectation)
         return self.row(
             STEP_END, branches.order_assertion(self.bm, branches.END), exp.get("expected"),
             obs.peak_canary_weight_while_partial, verdict, evidence=obs.timeline, reason=reason,
@@ -222,7 +224,7 @@ class LaneOrder(Runbook):
         if reason:
             verdict = INCONCLUSIVE
         elif exp.get("expected") is None:
-            verdict, reason = UNVERIFIED, "no expectation for this controller version"
+            verdict, reason = UNVERIFIED, self.no_expectation
         else:
             verdict = PASS if observed == exp["expected"] else FAIL
         rel = lambda rows: [[round(r[0] - der.t0, 2), *r[1:]] for r in rows]  # noqa: E731
@@ -271,7 +273,7 @@ class LaneOrder(Runbook):
         # The row asserts what this controller does (the expectation file: upstream's peak); the report
         # calls the version out whenever that peak is above the prescription's last rung.
         expected = exp.get("upstream_peak")
-        verdict, reason = obs.verdict(expected)
+        verdict, reason = obs.verdict(expected, self.no_expectation)
         return self.row(
             STEP_HAZARD, self._hazard_assertion(spec, last_rung), expected,
             obs.peak_canary_weight_while_partial, verdict, evidence=obs.timeline, reason=reason, last_rung=last_rung,

@@ -1,0 +1,157 @@
+"""`drills upgrade-check`: the same legs on a baseline controller and a candidate, then every row classified.
+
+The candidate is a release (``--to V``) or a controller the user built (``--to-binary PATH``, labelled by what
+it reports and its sha256, its CRDs from ``--crds`` or ``--source``).  Both sides run as legs of one run (in
+parallel when the machine holds it: one embedded cluster per side), into one run folder, ledger and report;
+``--runs RUN_DIR...`` classifies rows already recorded instead of running anything.  The classification
+(drills.upgrade) goes into ``upgrade.json`` beside the ledger, which the run's report turns into its first
+section: the table of changes, then both timelines of each changed drill in one picture.
+
+Exit: 2 bad input (or a leg refused its target), 1 something regressed, 3 a pair or a leg inconclusive, 0.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import config, lanes, legs, runner, upgrade
+from .branches import SourceMapError, find_branches, source_file
+from .controller_binary import ControllerBinaryError, inspect_binary
+from .errors import EXIT_BAD_INPUT, BadInput
+from .ledger import INCONCLUSIVE, read_rows
+from .report import write_matrix, write_run_report
+from .upgrade_report import UPGRADE_FILE
+from .viewmodel import is_run_dir
+from .toolchain import resolve_controller_versions
+
+
+
+@dataclass
+class Sides:
+    baseline: str                          # a release
+    candidate: str                         # a release, or a user-built controller's label
+    binary: runner.Binary | None = None
+    sha256: str | None = None              # the user-built controller's
+
+    def is_baseline(self, row: dict) -> bool:
+        return row.get("controller_version") == self.baseline and not row.get("controller_sha256")
+
+    def is_candidate(self, row: dict) -> bool:
+        if self.sha256:
+            return row.get("controller_sha256") == self.sha256
+        return row.get("controller_version") == self.candidate and not row.get("controller_sha256")
+
+
+def user_binary(path: str, crds: str | None, source: str | None,
+                log: Callable[[str], None] | None = None) -> tuple[runner.Binary, str]:
+    """A user-built controller for a run (its nearest release only for the cluster's toolchain), and its sha256."""
+    try:
+        info = inspect_binary(Path(path), Path(crds) if crds else None, Path(source) if source else None)
+        tree = find_branches(source_file(Path(source))).source if source else None
+    except (ControllerBinaryError, SourceMapError, OSError) as e:
+        raise BadInput(str(e)) from None
+    if info.crd_warning and log:
+        log(f"warning: {info.crd_warning}")
+    # a leg of a user-built controller is named apart from every release's, whatever version it reports
+    label = info.version if info.version not in config.SUPPORTED_CONTROLLERS else f"{info.version}-{info.sha256[:12]}"
+    return runner.Binary(path=info.path, crds=info.crds_dir, reported=info.reported, label=label,
+                         source=Path(tree) if tree else None, release=info.nearest_release,
+                         crd_warning=info.crd_warning, sha256=info.sha256), info.sha256
+
+
+def one_release(flag: str, spec: str) -> str:
+    versions = resolve_controller_versions(spec)
+    if len(versions) != 1 or "," in spec or spec.strip() == "all":
+        raise BadInput(f"{flag} {spec!r}: give one controller version")
+    return versions[0]
+
+
+def sides_of(args, log: Callable[[str], None]) -> Sides:
+    if bool(args.to) == bool(args.to_binary):
+        raise BadInput("give the candidate as --to V (a release) or --to-binary PATH (a controller you built), "
+                       "one of them")
+    if (args.source or args.crds) and not args.to_binary:
+        raise BadInput("--source and --crds go with --to-binary (a release's CRDs and lines come from its module)")
+    baseline = one_release("--from", args.from_ or config.DEFAULT_CONTROLLER)
+    if args.to:
+        candidate = one_release("--to", args.to)
+        if candidate == baseline:
+            raise BadInput(f"--from and --to are both {baseline}: nothing to compare")
+        return Sides(baseline, candidate)
+    binary, sha = user_binary(args.to_binary, args.crds, args.source, log)
+    return Sides(baseline, binary.label, binary, sha)
+
+
+def interleave(a: list[legs.Leg], b: list[legs.Leg]) -> list[legs.Leg]:
+    """Baseline and candidate legs alternately, so both sides' clusters start at once."""
+    out = []
+    for i in range(max(len(a), len(b))):
+        out += a[i:i + 1] + b[i:i + 1]
+    return out
+
+
+def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[str], inconclusive_legs: int = 0
+                 ) -> tuple[int, list[upgrade.Change]]:
+    mine = [r for r in rows if r.get("lane") in lane_keys]
+    base = [r for r in mine if sides.is_baseline(r)]
+    cand = [r for r in mine if sides.is_candidate(r)]
+    if not base and not cand:
+        raise BadInput(f"no rows of {sides.baseline} or {sides.candidate} for lanes {', '.join(lane_keys)} in "
+                       f"{run_dir}")
+    changes = upgrade.classify(base, cand)
+    missing_sides = [name for name, got in ((sides.baseline, base), (sides.candidate, cand)) if not got]
+    code = upgrade.exit_code(changes, inconclusive_legs + len(missing_sides))
+    doc = {"baseline": sides.baseline, "candidate": sides.candidate, "candidate_sha256": sides.sha256,
+           "candidate_binary": str(sides.binary.path) if sides.binary else None,
+           "crd_warning": sides.binary.crd_warning if sides.binary else None,
+           "lanes": lane_keys, "counts": upgrade.count_classes(changes), "exit": code,
+           "inconclusive_legs": inconclusive_legs, "sides_without_rows": missing_sides,
+           "changes": [c.as_dict() for c in sorted(changes, key=upgrade._sort_key)]}
+    tmp = run_dir / (UPGRADE_FILE + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    tmp.replace(run_dir / UPGRADE_FILE)
+    return code, changes
+
+
+def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upgrade.Change], Sides]:
+    keys = lanes.resolve(args.lanes or "all")
+    if args.jobs is not None and not 1 <= args.jobs <= 64:
+        raise BadInput(f"-j {args.jobs}: give 1..64 legs at a time")
+    sides = sides_of(args, log)
+    if args.runs:
+        dirs = [Path(d) for d in args.runs]
+        bad = [str(d) for d in dirs if not is_run_dir(d)]
+        if bad:
+            raise BadInput(f"--runs: not a run folder (no ledger.json): {', '.join(bad)}")
+        rows = [r for d in dirs for r in read_rows(d / "ledger.json")]
+        code, changes = classify_run(dirs[0], rows, sides, keys)
+        write_run_report(dirs[0])
+        return code, dirs[0], changes, sides
+    base = legs.plan([sides.baseline], keys, args.variant)
+    if sides.binary:
+        cand = legs.plan([sides.binary.release], keys, args.variant, label=sides.binary.label)
+    else:
+        cand = legs.plan([sides.candidate], keys, args.variant)
+    plan = interleave(base, cand)
+    env = {"DRILLS_AVAILABILITY_CONTROL": "on", "DRILLS_ROLLBACK_VIA": "gitops"}
+    meta = {"upgrade": {"baseline": sides.baseline, "candidate": sides.candidate}, "all_legs": [x.id for x in plan]}
+    run_code, run_dir, rows = runner.run(plan, jobs=args.jobs, env=env, binaries=[sides.binary] if sides.binary else [],
+                                         keep_cluster=args.keep_cluster, meta=meta, log=log)
+    if run_code == EXIT_BAD_INPUT:
+        return EXIT_BAD_INPUT, run_dir, [], sides
+    run_doc = json.loads((run_dir / "run.json").read_text())
+    leg_rows = {x["id"]: x for x in run_doc.get("legs", [])}
+    # a leg that ended without any row of its own (its cluster or pytest could not run) leaves its side unknown
+    inconclusive = 0
+    for leg in plan:
+        got = [r for r in rows if r.get("lane") == leg.lane and (sides.is_candidate(r) if leg in cand
+                                                                 else sides.is_baseline(r))]
+        if not got or (leg_rows.get(leg.id, {}).get("rc") not in (0, None) and
+                       all(r.get("verdict") == INCONCLUSIVE for r in got)):
+            inconclusive += 1
+    code, changes = classify_run(run_dir, rows, sides, keys, inconclusive)
+    write_run_report(run_dir)
+    write_matrix(None, run_dir.parent)
+    return code, run_dir, changes, sides
