@@ -8,12 +8,15 @@ availability control (later also the mesh emulator, Prometheus, a chart registry
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -84,9 +87,23 @@ class EmbeddedCluster:
                 out.append(int(d.name))
         return out
 
+    @contextmanager
+    def _state_lock(self):
+        """One read-modify-write of state.json at a time: the legs of a run (separate processes, and threads of
+        one) register their processes on one cluster at once.  The lock file sits beside the cluster folder,
+        which `down` removes."""
+        path = self.folder.parent / f".{self.name}.state.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
     def _save(self, st: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
+        tmp = self.state_file.with_name(f"state.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(st, indent=2))
         os.replace(tmp, self.state_file)
 
@@ -99,16 +116,18 @@ class EmbeddedCluster:
         return self.state().get("api_server")
 
     def register_process(self, name: str, pid: int, ports: list[int], log: Path | str) -> None:
-        st = self.state()
-        st.setdefault("processes", [])
-        st["processes"] = [p for p in st["processes"] if p["name"] != name]
-        st["processes"].append({"name": name, "pid": pid, "ports": list(ports), "log": str(log)})
-        self._save(st)
+        with self._state_lock():
+            st = self.state()
+            st.setdefault("processes", [])
+            st["processes"] = [p for p in st["processes"] if p["name"] != name]
+            st["processes"].append({"name": name, "pid": pid, "ports": list(ports), "log": str(log)})
+            self._save(st)
 
     def unregister_process(self, name: str) -> None:
-        st = self.state()
-        st["processes"] = [p for p in st.get("processes", []) if p["name"] != name]
-        self._save(st)
+        with self._state_lock():
+            st = self.state()
+            st["processes"] = [p for p in st.get("processes", []) if p["name"] != name]
+            self._save(st)
 
     def api_client(self):
         from ..kube import new_client
@@ -332,9 +351,10 @@ class EmbeddedCluster:
                      startup={"at": clock.at, "phases": clock.phases})
 
     def _update(self, **fields) -> None:
-        st = self.state()
-        st.update(fields)
-        self._save(st)
+        with self._state_lock():
+            st = self.state()
+            st.update(fields)
+            self._save(st)
 
     def _kwokctl_background(self, *args) -> subprocess.Popen:
         with open(self.folder / "logs" / "kwokctl.log", "ab") as log:
