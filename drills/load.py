@@ -28,6 +28,7 @@ import yaml
 
 from . import config
 from .ledger import FAIL, INCONCLUSIVE, PASS
+from .wait import until
 
 MAX_USERS = 20
 MAX_TOTAL_RPS = 200.0          # two cores also run etcd, the apiserver, kcm, kwok and the controller
@@ -190,6 +191,15 @@ class LoadRun:
 
     def records(self) -> list[dict]:
         return read_records(self.records_path)
+
+    def wait_first_responses(self, timeout: float = 60.0) -> None:
+        """Until Locust has recorded its first responses (its start-up is no part of a phase); a Locust that
+        exits first is an error naming its log."""
+        def answered() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Locust exited ({self.proc.returncode}) before its first response; log {self.log}")
+            return self.records_path.stat().st_size > 0
+        until("Locust's first recorded responses", answered, timeout=timeout, interval=0.1)
 
     def __enter__(self):
         return self

@@ -45,7 +45,9 @@ class PhasedLoad:
 
     def start(self, label: str):
         self.run = start_load(self.url, self.folder / label, users=self.USERS, rate_per_user=self.RATE_PER_USER,
-                              run_time_s=self.RUN_TIME_S, name=label, target=self.target)
+                              spawn_rate=float(self.USERS), run_time_s=self.RUN_TIME_S, name=label, target=self.target)
+        # the steady window starts once load flows, not while Locust starts (slow on a busy machine)
+        self.run.wait_first_responses()
         hold_for(STEADY_PHASE_S, "the steady phase before the rollback")
 
     def phases(self, ledger: Ledger, step: str, records: list[dict], revived_hash: str, settled: bool = True,

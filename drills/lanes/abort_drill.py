@@ -150,6 +150,7 @@ class SelfAbortDrill:
         self.load = load.start_load(self.mesh.url, self.ev / self.step_name / "load", users=lf["users"],
                                     rate_per_user=lf["rate_per_user"], run_time_s=lf["run_time_s"],
                                     name=self.step_name)
+        self.load.wait_first_responses()
         self._mark("load")
         d.record(self.step_name)
         self.log(f"abort/{self.step_name}: deploy v2 under load (background analysis runs, no errors yet)")
