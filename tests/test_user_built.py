@@ -140,9 +140,8 @@ def test_upgrade_check_classifies_a_user_built_controller_against_its_baseline(t
     drills_rows = [c for (step, a), c in by.items() if not a.startswith("load.")]
     assert not [c for c in drills_rows if c["class"] != "same"], [c for c in drills_rows if c["class"] != "same"]
     assert doc["exit"] == r.returncode
-    reports = sorted((tmp_path / "reports").glob("*/upgrade.json"))
-    assert len(reports) == 1, reports
-    run_dir = reports[0].parent
+    run_dir = (tmp_path / "reports" / "latest").resolve()
+    assert (run_dir / "upgrade.json").is_file(), sorted((tmp_path / "reports").iterdir())
     md = (run_dir / "report.md").read_text()
     assert f"## Upgrade check: {RELEASE} → v1.2.0" in md
     assert f"sha256 {sha256_file(binary)[:12]}" in md
