@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from drills.probe import ProbeSpec, install
+from drills.shapes import RolloutSpec, install
 from drills.rollout import Predicate, WaitTimeout, healthy, paused
 
 
@@ -29,7 +29,7 @@ def _promote_bodies(ro) -> list[dict]:
 
 
 def test_a_promote_not_taken_is_sent_again_once_and_the_rollout_completes(kube, namespace, cluster):
-    spec = ProbeSpec(steps=[{"setWeight": 50}, {"pause": {}}], replicas=2, name="web", rollback_window=None)
+    spec = RolloutSpec(steps=[{"setWeight": 50}, {"pause": {}}], replicas=2, name="web", rollback_window=None)
     ro = install(kube, namespace, spec)
     ro.wait("web", healthy(), 90)
     ro.set_image("web", "registry.local/web:v2")
@@ -57,7 +57,7 @@ def test_a_promote_not_taken_is_sent_again_once_and_the_rollout_completes(kube, 
 
 
 def test_a_second_promote_that_would_pass_another_pause_is_not_sent(kube, namespace, cluster):
-    spec = ProbeSpec(steps=[{"setWeight": 50}, {"pause": {}}, {"pause": {}}], replicas=2, name="two",
+    spec = RolloutSpec(steps=[{"setWeight": 50}, {"pause": {}}, {"pause": {}}], replicas=2, name="two",
                      rollback_window=None)
     ro = install(kube, namespace, spec)
     ro.wait("two", healthy(), 90)
