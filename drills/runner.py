@@ -203,6 +203,10 @@ class Run:
                    f"--junitxml={self.run_dir / f'junit-{leg.slug}.xml'}", str(REGISTRY[leg.lane].tests_dir())]
             env = dict(os.environ, **self.env, **(binary.env() if binary else {}), DRILLS_CLUSTER=cluster.name,
                        DRILLS_KEEP_CLUSTER="1")
+            # a run started from inside a pytest-xdist worker: the leg's pytest is no worker (a worker's name
+            # would rename the leg's cluster to one nobody started)
+            for name in [k for k in env if k.startswith("PYTEST_XDIST_")]:
+                env.pop(name)
             for name in ("DRILLS_CONTROLLER_BINARY", "DRILLS_CRDS", "DRILLS_SOURCE"):
                 if binary is None:         # a release's leg never inherits a user-built controller's settings
                     env.pop(name, None)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from drills import branches, config
+from drills.lanes.base import USER_BUILT, load_expectations
 from drills.ledger import read_rows
 from drills.toolchain import Toolchain
 from drills.toolchain.build import sha256_file
@@ -150,7 +151,7 @@ def test_copied_controller_by_path_runs_lane_order_with_its_version_and_sha256(t
     copy.parent.mkdir()
     shutil.copy2(src / "rollouts-controller", copy)
     reported = subprocess.run([str(copy), "--version"], capture_output=True, text=True).stdout.strip()
-    cluster = os.environ.get("DRILLS_CLUSTER") or "order-dev"
+    cluster = f"order-copy-{os.getpid()}"          # a cluster of its own: the session's stays up for the others
     env = {"DRILLS_CLUSTER": cluster, "DRILLS_REPORTS": str(tmp_path / "reports")}
     try:
         r = _drills("run", "--controller-binary", str(copy), "--source", str(src / "source"), "--lanes", "order",
@@ -170,6 +171,14 @@ def test_copied_controller_by_path_runs_lane_order_with_its_version_and_sha256(t
     by_step = {r["step"]: r for r in rows}
     assert by_step["end-of-steps"]["assertion"] == "branch order: backward search (:245) before end-of-steps (:261)"
     assert by_step["mid-steps"]["assertion"] == "branch order: backward search (:245) before mid-steps (:255)"
-    assert by_step["end-of-steps"]["verdict"] == by_step["mid-steps"]["verdict"] == "pass"
+    # a user-built controller is observed, never held to the release's expectations (drills upgrade-check
+    # classifies it against a baseline): the observation is there, the verdict unverified with the reason
+    for step in ("end-of-steps", "mid-steps"):
+        assert by_step[step]["verdict"] == "unverified", by_step[step]
+        assert by_step[step]["reason"] == USER_BUILT
+    # and it is the v1.8.2 binary: it shows what the release shows (the backward search first)
+    release = load_expectations("order")["v1.8.2"]
+    assert by_step["end-of-steps"]["observed"] == release["end_of_steps"]["expected"] == 50
+    assert by_step["mid-steps"]["observed"] == release["mid_steps"]["expected"] == 25
     assert by_step["hazard-replica-progress-threshold"]["verdict"] == "not_applicable"
     assert (run_dir / by_step["end-of-steps"]["evidence"]).is_file()
