@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from . import commands, config, lanes, legs, runner
+from . import commands, config, lanes, legs, probe, runner
 from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
 from .signals import Interrupted
 
@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     uc.set_defaults(func=commands.cmd_upgrade_check)
 
     pr = sub.add_parser("probe", help="one rollback inside rollbackWindow for any step list, on a fresh namespace")
-    pr.add_argument("--steps", required=True, help='e.g. "5,pause:10s,100" (pause = indefinite)')
+    pr.add_argument("--steps", required=True, help='e.g. "5,pause:10s,100" (pause = indefinite); "none" or "" for '
+                                                   "steps: []")
     pr.add_argument("--replicas", type=int, default=2)
     pr.add_argument("--min-pods", type=int, default=1, help="minPodsPerReplicaSet")
     pr.add_argument("--routing", choices=["subset", "host"], default="subset")
@@ -109,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--availability-control", choices=["on", "off"], default="on")
     pr.add_argument("--rollback-via", choices=["gitops", "undo"], default="gitops")
     pr.add_argument("--scale-down-delay", type=int, default=5, help="scaleDownDelaySeconds of the probe Rollout")
+    pr.add_argument("--release", choices=list(probe.RELEASES), default=probe.AFTER_WINDOW,
+                    help="the revived pods: one at a time until the weight decision is on record, then the rest "
+                         "together (after-window, default), or one at a time throughout (one-by-one)")
+    pr.add_argument("--rollback-timeout", type=float, default=None,
+                    help="seconds the rollback may take to settle (default: scaled with the shape); when it runs "
+                         "out the probe is inconclusive (exit 3) with its evidence")
     pr.add_argument("--expect", type=int, default=None, help="exit 1 unless the peak equals this weight")
     pr.add_argument("--keep-namespace", action="store_true")
     pr.add_argument("--json", action="store_true")
