@@ -164,6 +164,38 @@ def build_parser() -> argparse.ArgumentParser:
     ln.add_argument("--json", action="store_true")
     ln.set_defaults(func=commands.cmd_lanes)
 
+    sc = sub.add_parser("scan", help="predict every Rollout's rollback exposure; lint it in CI; --verify on the real "
+                                     "controller",
+                        description="Predict every Rollout's exposure to a rollback inside rollbackWindow (the peak "
+                                    "canary weight while the revived ReplicaSet is partial, and the pods that carry "
+                                    "it), lint the last rung, and give the fix wave.  Inputs: manifests, a fleet "
+                                    "layout rendered with helm, live clusters (read-only).")
+    sc.add_argument("inputs", nargs="*", help="manifest files, folders or - (a helm template / kustomize / kubectl get "
+                                              "-o yaml stream on standard input)")
+    sc.add_argument("--fleet", default=None, help="a fleet layout (charts, value layers, apps/<env>.yaml) to render "
+                                                  "with helm")
+    sc.add_argument("--env", default=None, help="fleet environments, comma-separated (default: every apps/<env>.yaml)")
+    sc.add_argument("--app", action="append", default=[], help="only this fleet app (repeatable)")
+    sc.add_argument("--charts", default=None, help="base chart source folders of the fleet (default: "
+                                                   "fixtures/charts/base)")
+    sc.add_argument("--kubeconfig", default=None, help="read Rollouts from live clusters (read-only)")
+    sc.add_argument("--context", default=None, help="the kubeconfig context (default: the current one)")
+    sc.add_argument("--all-contexts", action="store_true", help="every context of the kubeconfig")
+    sc.add_argument("--controller", default=None,
+                    help=f"controller version(s) for manifests and fleet renders, comma-separated or 'all' (default "
+                         f"{config.DEFAULT_CONTROLLER}; several: every Rollout is predicted on each, as before an "
+                         f"upgrade); a cluster's own version is read from its argo-rollouts Deployment")
+    sc.add_argument("--source", default=None, help="Argo Rollouts source tree of a user-built controller: the rules "
+                                                   "are read from it instead of the release's module")
+    sc.add_argument("--json", action="store_true", help="print JSON (one object per Rollout, the summary, clusters)")
+    sc.add_argument("--sarif", default=None, metavar="FILE", help="also write SARIF 2.1.0 for code scanning")
+    sc.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML")
+    sc.add_argument("--fail-on", default="none", help="exit 1 when a Rollout is exposed / has a lint error: exposed, "
+                                                      "lint, both comma-separated, or none (default)")
+    sc.add_argument("--workers", type=int, default=None, help="parallel helm renders and manifest parsers (default: "
+                                                              "CPU count)")
+    sc.set_defaults(func=commands.cmd_scan)
+
     cl = sub.add_parser("cluster", help="the embedded default cluster")
     cls = cl.add_subparsers(dest="sub", required=True)
     up = cls.add_parser("up", help="start (or reuse) the embedded cluster with controller V")

@@ -23,6 +23,7 @@ from .renderdiff import render_diff
 from .report import write_matrix
 from .viewmodel import is_run_dir
 from .safety import restore_journal
+from .scan import command as scan_command
 from .shapes import RolloutSpec
 from .signals import Interrupted, SignalGuard
 from .steps import parse_steps, steps_text
@@ -347,6 +348,10 @@ def cmd_report(args) -> int:
     print(html_path)
     print(md_path)
     return EXIT_OK
+
+
+def cmd_scan(args) -> int:
+    return scan_command.run(args, log=_progress)
 
 
 def cmd_lanes(args) -> int:
