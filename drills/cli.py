@@ -192,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML")
     sc.add_argument("--fail-on", default="none", help="exit 1 when a Rollout is exposed / has a lint error: exposed, "
                                                       "lint, both comma-separated, or none (default)")
+    sc.add_argument("--verify", type=int, default=0, metavar="K",
+                    help="probe up to K distinct shapes on the real controller (embedded cluster) and record predicted "
+                         "vs observed in the ledger (lane scan) of a run folder, with its report")
     sc.add_argument("--workers", type=int, default=None, help="parallel helm renders and manifest parsers (default: "
                                                               "CPU count)")
     sc.set_defaults(func=commands.cmd_scan)

@@ -1,5 +1,6 @@
 """`drills scan`: what the command does with its parsed arguments (drills.cli owns the arguments, drills.commands
-calls ``run``)."""
+calls ``run``).  ``--verify K`` runs lane ``scan`` (drills.lanes.scan) on the scanned set, one embedded cluster per
+controller version, into a run folder with its report."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,17 +9,24 @@ import sys
 import time
 from pathlib import Path
 
+from .. import config
+from ..cluster import EmbeddedCluster
 from ..errors import combine_exit_codes
 from ..fleet import base_sources
 from ..helm import Helm, HelmError
+from ..lanes.base import LaneContext
+from ..lanes.scan import LaneScan
+from ..ledger import Ledger, exit_code, new_run_id
+from ..report import write_matrix, write_run_report
 from ..toolchain import resolve_controller_versions
 from .ci import write_junit, write_sarif
 from .fleet import FleetScan
 from .live import contexts, read_cluster
 from .model import ScanInputError
 from .readers import read_manifests
-from .records import evaluate, table, to_json
+from .records import evaluate, table, to_json, version_order
 from .sources import SourceMapError, facts_for
+from .verify import pick
 
 FAIL_ON = ("exposed", "lint", "none")
 
@@ -39,6 +47,8 @@ def _check(args) -> None:
     if not (args.inputs or args.fleet or args.kubeconfig or args.context or args.all_contexts):
         raise ScanInputError("nothing to scan: give manifests (files, folders or -), --fleet DIR, or a cluster "
                              "(--kubeconfig/--context/--all-contexts)")
+    if args.verify < 0:
+        raise ScanInputError(f"--verify {args.verify}: K must be >= 0")
     if args.workers is not None and not 1 <= args.workers <= 64:
         raise ScanInputError(f"--workers {args.workers}: give 1..64")
     if args.source and not Path(args.source).is_dir():
@@ -93,6 +103,10 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
     stats.update(rollouts=len(records), shapes=len(shapes), seconds=round(time.monotonic() - t0, 2))
     verification = None
     code = 0
+    if args.verify:
+        verification, run_dir, vcode = verify_run(records, args.verify, "scan of " + "; ".join(scope), log)
+        stats["verify_run"] = str(run_dir)
+        code = combine_exit_codes(code, vcode)
     used_facts = [f for f in facts_cache.values() if f is not None]
     try:
         if args.json:
@@ -129,3 +143,39 @@ def _fleet(args, version: str, stats: dict, workers: int) -> list:
     stats.update({f"fleet_{k}": v for k, v in fs.stats.items()})
     stats["fleet_seconds"] = round(time.monotonic() - t0, 2)
     return res.rollouts
+
+
+def verify_run(records: list, k: int, scope: str, log) -> tuple[list[dict], Path, int]:
+    """Lane scan on the scanned set: per controller version, the summary rows, then (on the embedded cluster at
+    that version) the picked shapes probed.  Returns the comparisons, the run folder and its exit code."""
+    shapes, uncovered, skipped = pick(records, k)
+    if uncovered:
+        log(f"verify: rules not covered with K={k}: {', '.join(uncovered)}")
+    for why, n in skipped.items():
+        log(f"verify: {n} Rollout(s) not verifiable: {why}")
+    run_id = new_run_id()
+    run_dir = config.reports_dir() / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    comparisons: list[dict] = []
+    for version in version_order({r.ro.controller_version for r in records if r.facts is not None}):
+        mine = [s for s in shapes if s.ro.controller_version == version]
+        ctx = LaneContext(api=None, namespace="", evidence_dir=run_dir / version, ledger=Ledger(
+            run_dir, run_id, target="embedded", controller_version=version), version=version, log=log)
+        lane = LaneScan(ctx).use([r for r in records if r.ro.controller_version == version], scope, mine)
+        lane.summary()
+        if not mine:
+            continue
+        cluster = EmbeddedCluster(log=log)
+        was_up = bool(cluster.status().get("ready")) and cluster.controller_version == version
+        try:
+            cluster.up(version)
+            ctx.api, ctx.cluster, ctx.audit_log = cluster.api_client(), cluster, cluster.status().get("audit_log")
+            lane.verify()
+        finally:
+            comparisons += lane.comparisons
+            if not was_up:
+                cluster.down(quiet=True)
+    write_run_report(run_dir)
+    write_matrix(None, run_dir.parent)
+    log(f"verify: run folder {run_dir}, report {run_dir / 'report.html'}")
+    return comparisons, run_dir, exit_code([c for c in comparisons])
