@@ -24,7 +24,7 @@ from ..helm import Helm
 from ..ledger import FAIL, PASS, UNVERIFIED
 from ..scan.advice import WAVES
 from ..scan.fleet import FleetScan
-from ..scan.records import Record, evaluate, summary
+from ..scan.records import Record, evaluate, summary, version_order
 from ..scan.sources import facts_for
 from ..scan.verify import Shape, pick, run_shape
 from .base import Runbook, step
@@ -124,7 +124,7 @@ class LaneScan(Runbook):
     def report_sections(cls, cells: dict, out_dir: Path | None = None) -> list[dict]:
         """Per scanned set: Rollouts per fix wave (a column per wave, a row per version); then the verification
         rows (a row per version, every shape it probed)."""
-        versions = sorted({v for v, _, _ in cells}, key=_version_key)
+        versions = version_order({v for v, _, _ in cells})
         scopes = sorted({(r.get("details") or {}).get("scope") for (_, s, _), r in cells.items()
                          if s == STEP_SUMMARY} - {None})
         sections = []
@@ -152,10 +152,3 @@ class LaneScan(Runbook):
                              "note": "Each cell: a shape probed on the embedded cluster, the peak canary weight while "
                                      "the revived ReplicaSet was partial (expected = predicted)."})
         return sections
-
-
-def _version_key(v: str):
-    try:
-        return config.version_tuple(v.split("+")[0])
-    except ValueError:
-        return (999, 0, 0)

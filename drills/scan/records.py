@@ -15,11 +15,11 @@ UNKNOWN_CONTROLLER = "controller-unknown"
 
 
 def _vkey(v: str):
-    """Versions in release order (unknown last)."""
+    """Versions in release order (a build suffix ignored; unknown last)."""
     try:
-        return (0, config.version_tuple(v))
+        return (0, config.version_tuple(str(v).split("+")[0]), str(v))
     except ValueError:
-        return (1, (0, 0, 0))
+        return (1, (0, 0, 0), str(v))
 
 
 def version_order(versions) -> list[str]:
