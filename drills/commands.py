@@ -17,7 +17,7 @@ from .fleet import Fleet, base_sources
 from .helm import Helm, HelmError
 from .ledger import new_run_id
 from .live import run_live, run_live_b
-from .probe import observation_dict, run_probe
+from .probe import controller_log_of, observation_dict, run_probe
 from .recorder import watch_rollout
 from .renderdiff import render_diff
 from .report import write_matrix
@@ -244,8 +244,10 @@ def cmd_probe(args) -> int:
             err(f"probe {e} before its Rollout existed")
             return EXIT_INCONCLUSIVE
         try:
-            obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=cl.status().get("audit_log"),
-                               release=args.release, rollback_timeout=args.rollback_timeout)
+            st = cl.status()
+            obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=st.get("audit_log"),
+                               release=args.release, rollback_timeout=args.rollback_timeout,
+                               controller_log=controller_log_of(st))
         except Interrupted as e:
             err(f"probe {e}; its namespace {ns} is removed; evidence so far: {out_dir}")
             return EXIT_INCONCLUSIVE

@@ -45,10 +45,12 @@ RS_CREATION_SPACING_S = 1.0
 ALL_STABLE_WITHIN_S = 30.0
 # the controller reacts to an available pod within ~10 s (TOOLCHAIN.md): per held pod, hold + this
 REACTION_S = 5.0
-# the promotion reason the controller gives when a rollback was inside rollbackWindow (rollout/sync.go,
-# shouldFullPromote), in its RolloutCompleted event: the window's evidence when there is no step index to jump
-# (steps: [])
+# what the controller says when a rollback is inside rollbackWindow (rollout/sync.go): the promotion reason of its
+# RolloutCompleted event, and the line isRollbackWithinWindow logs.  The window's evidence when there is no step
+# index to jump (steps: []); the log line stands in when the event broadcaster's per-object spam filter (25
+# events, then one per 5 minutes) drops the event
 IN_WINDOW_REASON = "Rollback within window"
+IN_WINDOW_LOG = "Rollback within the window"
 _DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", re.ASCII)
 
 NO_EXPECTATION = "no expectation for this controller version"
@@ -121,12 +123,25 @@ def promoted_in_window(records: list[dict], since_mark: str = "rollback") -> str
     return None
 
 
+def logged_in_window(log: Path | None, offset: int, namespace: str, name: str) -> str | None:
+    """The controller's own log line saying the rollback of ``namespace/name`` is inside the window, written after
+    ``offset`` (bytes) of its log file."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except (OSError, TypeError):
+        return None
+    for line in text.splitlines():
+        if IN_WINDOW_LOG in line and f"namespace={namespace}" in line and f"rollout={name}" in line:
+            return f"controller log: {line.strip()[:300]}"
+    return None
+
+
 def observation(label: str, d: timeline.Derived, result: dict, timeline_path: Path, series: Path,
-                revived_hash: str | None, records: list[dict] | None = None) -> Observation:
-    evidence = list(d.window_evidence)
-    promoted = promoted_in_window(records or [])
-    if promoted:
-        evidence.append(promoted)
+                revived_hash: str | None, said: list[str] = ()) -> Observation:
+    """``said``: what the controller said about the window besides the timeline's own evidence."""
+    evidence = list(d.window_evidence) + [s for s in said if s not in d.window_evidence]
     return Observation(
         label=label, peak_canary_weight_while_partial=d.peak_canary_weight_while_partial,
         partial_window_observed=d.partial_window_observed, exposure_seconds=round(d.exposure_seconds, 3),
@@ -145,6 +160,10 @@ class Recording:
         self.path = drill.evidence_dir / f"{label}{timeline.TIMELINE_SUFFIX}"
         self.rec = recorder.Recorder(drill.api, drill.ns, drill.name, self.path, audit_log=drill.audit_log).start()
         self.result: dict | None = None
+        try:
+            self.log_offset = drill.controller_log.stat().st_size if drill.controller_log else 0
+        except OSError:
+            self.log_offset = 0
 
     @property
     def running(self) -> bool:
@@ -156,6 +175,13 @@ class Recording:
 
     def records(self) -> list[dict]:
         return self.rec.snapshot()
+
+    def controller_said_in_window(self, records: list[dict] | None = None) -> list[str]:
+        """What the controller said about the rollback being inside rollbackWindow since the rollback mark: its
+        RolloutCompleted event's reason, its log line (the embedded cluster's controller log)."""
+        said = [promoted_in_window(self.records() if records is None else records),
+                logged_in_window(self.drill.controller_log, self.log_offset, self.drill.ns, self.drill.name)]
+        return [s for s in said if s]
 
     def derive(self, canary_hash: str | None = "revived", since_mark: str | None = "rollback", **kw
                ) -> timeline.Derived:
@@ -188,7 +214,7 @@ class Recording:
         d = self.derive()
         series = self.write_series(d, extra)
         return observation(self.label, d, {"complete": self.rec.complete, "reasons": self.rec.incomplete_reasons},
-                           self.path, series, self.drill.hash_v1, self.records())
+                           self.path, series, self.drill.hash_v1, self.controller_said_in_window())
 
     def stop(self) -> dict:
         if self.result is None:
@@ -200,7 +226,7 @@ class Recording:
         result = self.stop()
         d = timeline.derive(self.rec.records, self.drill.hash_v1, since_mark="rollback")
         obs = observation(self.label, d, result, self.path, self.write_series(d, extra), self.drill.hash_v1,
-                          self.rec.records)
+                          self.controller_said_in_window(self.rec.records))
         obs.stopped_early = stopped_early
         return obs
 
@@ -208,9 +234,11 @@ class Recording:
 # --- the drill ---------------------------------------------------------------------------------------------
 class DrillRollout:
     def __init__(self, api: client.ApiClient, namespace: str, spec: RolloutSpec, evidence_dir: Path,
-                 journal=None, log=None, controller_version: str = "", audit_log: Path | None = None):
+                 journal=None, log=None, controller_version: str = "", audit_log: Path | None = None,
+                 controller_log: Path | None = None):
         self.api = api
         self.audit_log = audit_log
+        self.controller_log = Path(controller_log) if controller_log else None   # the embedded controller's log
         self.ns = namespace
         self.spec = spec
         self.evidence_dir = Path(evidence_dir)

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import timeline
-from .kit import DrillRollout, Observation, promoted_in_window
+from .kit import DrillRollout, Observation
 from .rollout import summarize_rollout
 from .shapes import RolloutSpec
 from .steps import steps_text
@@ -36,11 +36,13 @@ EVENT_WITHIN_S = 30.0
 
 def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, controller_version: str, journal=None,
               log=None, audit_log: Path | None = None, release: str = AFTER_WINDOW,
-              rollback_timeout: float | None = None) -> tuple[Observation, DrillRollout]:
+              rollback_timeout: float | None = None, controller_log: Path | None = None
+              ) -> tuple[Observation, DrillRollout]:
     """One probe; the observation is inconclusive (``stopped_early``) when a wait ran out.  ``rollback_timeout``:
-    seconds the rollback may take to settle (default: scaled with the shape, DrillRollout.settle_timeout)."""
+    seconds the rollback may take to settle (default: scaled with the shape, DrillRollout.settle_timeout);
+    ``controller_log``: the embedded controller's log (``controller_log_of``), read for its word on the window."""
     drill = DrillRollout(api, namespace, spec, evidence_dir, journal=journal, log=log,
-                         controller_version=controller_version, audit_log=audit_log)
+                         controller_version=controller_version, audit_log=audit_log, controller_log=controller_log)
     try:
         stage = "deploy v1"
         try:
@@ -138,16 +140,23 @@ def release_rest(drill: DrillRollout) -> None:
 
 def wait_window_evidence(drill: DrillRollout, timeout: float = EVENT_WITHIN_S) -> bool:
     """Until the recording shows the rollback was inside rollbackWindow (the step index jumped, a SkipSteps event,
-    or the promotion's RolloutCompleted event, which may arrive after Healthy); False when it does not."""
+    the promotion's RolloutCompleted event, which may arrive after Healthy, or the controller's log line); False
+    when it does not."""
     def found(recs: list[dict]) -> bool:
         return bool(timeline.derive(recs, drill.hash_v1, since_mark="rollback").window_evidence) or \
-            promoted_in_window(recs) is not None
+            bool(drill.recording.controller_said_in_window(recs))
     try:
         until("evidence that the rollback was inside rollbackWindow", drill.recording.records, found, timeout,
               interval=0.5, describe=lambda recs: "none yet")
     except WaitTimeout:
         return False
     return True
+
+
+def controller_log_of(cluster_status: dict) -> Path | None:
+    """The rollouts-controller's log file of an embedded cluster (from its status), if it has one."""
+    proc = next((p for p in cluster_status.get("processes") or [] if p.get("name") == "rollouts-controller"), None)
+    return Path(proc["log"]) if proc and proc.get("log") else None
 
 
 def observation_dict(obs: Observation, controller_version: str, routing: str) -> dict:

@@ -22,6 +22,7 @@ from pathlib import Path
 from .. import config
 from ..helm import Helm
 from ..ledger import FAIL, PASS, UNVERIFIED
+from ..probe import controller_log_of
 from ..scan.advice import WAVES
 from ..scan.fleet import FleetScan
 from ..scan.records import Record, evaluate, summary, version_order
@@ -106,7 +107,8 @@ class LaneScan(Runbook):
             self.ctx.log(f"scan verify: {self.ctx.version} {s.label} (rule {s.record.pred.rule}, {s.count} "
                          f"Rollout(s)), probed at replicas {s.probe_replicas}")
             c = run_shape(self.ctx.api, s, self.ctx.version, Path(self.ctx.evidence_dir) / "scan",
-                          self.ctx.audit_log, self.ctx.log)
+                          self.ctx.audit_log, self.ctx.log, controller_log_of(self.ctx.cluster.status())
+                          if self.ctx.cluster is not None else None)
             self.comparisons.append(c)
             rows.append(self.row(
                 STEP_VERIFY, f"peak canary weight while partial: {s.label} (probed at replicas {s.probe_replicas})",

@@ -124,7 +124,8 @@ def probe_spec(shape: Shape) -> RolloutSpec:
                        image_v2=f"registry.local/{name}:v2")
 
 
-def run_shape(api, shape: Shape, version: str, evidence_dir: Path, audit_log=None, log=None) -> dict:
+def run_shape(api, shape: Shape, version: str, evidence_dir: Path, audit_log=None, log=None,
+              controller_log: Path | None = None) -> dict:
     """Probe one shape on the cluster behind ``api`` (controller ``version``) and compare: a dict with the
     predicted and observed peak and pods, the verdict and its reason, and the evidence."""
     pred = shape.record.pred
@@ -137,7 +138,8 @@ def run_shape(api, shape: Shape, version: str, evidence_dir: Path, audit_log=Non
            "weights_while_partial": None, "window_evidence": []}
     ns = make_namespace(api, namespace_name(spec.name))
     try:
-        obs, _ = run_probe(api, ns, spec, Path(evidence_dir) / spec.name, version, log=log, audit_log=audit_log)
+        obs, _ = run_probe(api, ns, spec, Path(evidence_dir) / spec.name, version, log=log, audit_log=audit_log,
+                           controller_log=controller_log)
     finally:
         drop_namespace(api, ns)
     peak = obs.peak_canary_weight_while_partial
