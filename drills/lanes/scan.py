@@ -88,8 +88,7 @@ class LaneScan(Runbook):
             verdict = UNVERIFIED if exp is None else (PASS if observed == exp else FAIL)
             reason = None
             if verdict == UNVERIFIED:
-                reason = ("no expectation: the scanned set is not the fixture fleet" if self.given
-                          else "no expectation for this controller version")
+                reason = "no expectation: the scanned set is not the fixture fleet" if self.given else self.no_expectation
             rows.append(self.row(STEP_SUMMARY, f"{self.scope}: Rollouts in fix wave {wave}", exp, observed,
                                  verdict, reason=reason, scope=self.scope, wave=wave,
                                  examples=[f"{r.ro.source} {r.ro.key}" for r in self.records
