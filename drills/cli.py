@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from . import commands, config, lanes, legs, runner
+from . import commands, config, lanes, legs, probe, runner
 from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
 from .signals import Interrupted
 
@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     uc.set_defaults(func=commands.cmd_upgrade_check)
 
     pr = sub.add_parser("probe", help="one rollback inside rollbackWindow for any step list, on a fresh namespace")
-    pr.add_argument("--steps", required=True, help='e.g. "5,pause:10s,100" (pause = indefinite)')
+    pr.add_argument("--steps", required=True, help='e.g. "5,pause:10s,100" (pause = indefinite); "none" or "" for '
+                                                   "steps: []")
     pr.add_argument("--replicas", type=int, default=2)
     pr.add_argument("--min-pods", type=int, default=1, help="minPodsPerReplicaSet")
     pr.add_argument("--routing", choices=["subset", "host"], default="subset")
@@ -109,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--availability-control", choices=["on", "off"], default="on")
     pr.add_argument("--rollback-via", choices=["gitops", "undo"], default="gitops")
     pr.add_argument("--scale-down-delay", type=int, default=5, help="scaleDownDelaySeconds of the probe Rollout")
+    pr.add_argument("--release", choices=list(probe.RELEASES), default=probe.AFTER_WINDOW,
+                    help="the revived pods: one at a time until the weight decision is on record, then the rest "
+                         "together (after-window, default), or one at a time throughout (one-by-one)")
+    pr.add_argument("--rollback-timeout", type=float, default=None,
+                    help="seconds the rollback may take to settle (default: scaled with the shape); when it runs "
+                         "out the probe is inconclusive (exit 3) with its evidence")
     pr.add_argument("--expect", type=int, default=None, help="exit 1 unless the peak equals this weight")
     pr.add_argument("--keep-namespace", action="store_true")
     pr.add_argument("--json", action="store_true")
@@ -156,6 +163,41 @@ def build_parser() -> argparse.ArgumentParser:
     ln = sub.add_parser("lanes", help="the registered lanes: key, title, data folder, versions with expectations")
     ln.add_argument("--json", action="store_true")
     ln.set_defaults(func=commands.cmd_lanes)
+
+    sc = sub.add_parser("scan", help="predict every Rollout's rollback exposure; lint it in CI; --verify on the real "
+                                     "controller",
+                        description="Predict every Rollout's exposure to a rollback inside rollbackWindow (the peak "
+                                    "canary weight while the revived ReplicaSet is partial, and the pods that carry "
+                                    "it), lint the last rung, and give the fix wave.  Inputs: manifests, a fleet "
+                                    "layout rendered with helm, live clusters (read-only).")
+    sc.add_argument("inputs", nargs="*", help="manifest files, folders or - (a helm template / kustomize / kubectl get "
+                                              "-o yaml stream on standard input)")
+    sc.add_argument("--fleet", default=None, help="a fleet layout (charts, value layers, apps/<env>.yaml) to render "
+                                                  "with helm")
+    sc.add_argument("--env", default=None, help="fleet environments, comma-separated (default: every apps/<env>.yaml)")
+    sc.add_argument("--app", action="append", default=[], help="only this fleet app (repeatable)")
+    sc.add_argument("--charts", default=None, help="base chart source folders of the fleet (default: "
+                                                   "fixtures/charts/base)")
+    sc.add_argument("--kubeconfig", default=None, help="read Rollouts from live clusters (read-only)")
+    sc.add_argument("--context", default=None, help="the kubeconfig context (default: the current one)")
+    sc.add_argument("--all-contexts", action="store_true", help="every context of the kubeconfig")
+    sc.add_argument("--controller", default=None,
+                    help=f"controller version(s) for manifests and fleet renders, comma-separated or 'all' (default "
+                         f"{config.DEFAULT_CONTROLLER}; several: every Rollout is predicted on each, as before an "
+                         f"upgrade); a cluster's own version is read from its argo-rollouts Deployment")
+    sc.add_argument("--source", default=None, help="Argo Rollouts source tree of a user-built controller: the rules "
+                                                   "are read from it instead of the release's module")
+    sc.add_argument("--json", action="store_true", help="print JSON (one object per Rollout, the summary, clusters)")
+    sc.add_argument("--sarif", default=None, metavar="FILE", help="also write SARIF 2.1.0 for code scanning")
+    sc.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML")
+    sc.add_argument("--fail-on", default="none", help="exit 1 when a Rollout is exposed / has a lint error: exposed, "
+                                                      "lint, both comma-separated, or none (default)")
+    sc.add_argument("--verify", type=int, default=0, metavar="K",
+                    help="probe up to K distinct shapes on the real controller (embedded cluster) and record predicted "
+                         "vs observed in the ledger (lane scan) of a run folder, with its report")
+    sc.add_argument("--workers", type=int, default=None, help="parallel helm renders and manifest parsers (default: "
+                                                              "CPU count)")
+    sc.set_defaults(func=commands.cmd_scan)
 
     cl = sub.add_parser("cluster", help="the embedded default cluster")
     cls = cl.add_subparsers(dest="sub", required=True)

@@ -17,15 +17,16 @@ from .fleet import Fleet, base_sources
 from .helm import Helm, HelmError
 from .ledger import new_run_id
 from .live import run_live, run_live_b
-from .probe import observation_dict, run_probe
+from .probe import controller_log_of, observation_dict, run_probe
 from .recorder import watch_rollout
 from .renderdiff import render_diff
 from .report import write_matrix
 from .viewmodel import is_run_dir
 from .safety import restore_journal
+from .scan import command as scan_command
 from .shapes import RolloutSpec
 from .signals import Interrupted, SignalGuard
-from .steps import parse_steps
+from .steps import parse_steps, steps_text
 from .toolchain import (
     BuildError,
     Toolchain,
@@ -205,8 +206,6 @@ def _probe_spec(args) -> RolloutSpec:
         steps = parse_steps(args.steps)
     except ValueError as e:
         raise BadInput(f"--steps: {e}")
-    if not steps:
-        raise BadInput("--steps: give at least one step")
     if not 1 <= args.replicas <= MAX_PROBE_REPLICAS:
         raise BadInput(f"--replicas {args.replicas}: give 1..{MAX_PROBE_REPLICAS} (--replicas, --min-pods and --hold "
                        f"must be positive)")
@@ -217,6 +216,9 @@ def _probe_spec(args) -> RolloutSpec:
         raise BadInput(f"--hold {args.hold}: give seconds in (0, {MAX_HOLD_SECONDS:.0f}] (--hold must be positive)")
     if not 0 <= args.scale_down_delay <= 3600:
         raise BadInput(f"--scale-down-delay {args.scale_down_delay}: give 0..3600 seconds")
+    if args.rollback_timeout is not None and not (math.isfinite(args.rollback_timeout) and
+                                                  0 < args.rollback_timeout <= 24 * 3600):
+        raise BadInput(f"--rollback-timeout {args.rollback_timeout}: give seconds in (0, 86400]")
     return RolloutSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
                        hold_seconds=args.hold, availability_control=args.availability_control == "on",
                        rollback_via=args.rollback_via, scale_down_delay=args.scale_down_delay)
@@ -242,7 +244,10 @@ def cmd_probe(args) -> int:
             err(f"probe {e} before its Rollout existed")
             return EXIT_INCONCLUSIVE
         try:
-            obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=cl.status().get("audit_log"))
+            st = cl.status()
+            obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=st.get("audit_log"),
+                               release=args.release, rollback_timeout=args.rollback_timeout,
+                               controller_log=controller_log_of(st))
         except Interrupted as e:
             err(f"probe {e}; its namespace {ns} is removed; evidence so far: {out_dir}")
             return EXIT_INCONCLUSIVE
@@ -253,16 +258,17 @@ def cmd_probe(args) -> int:
     reason = obs.inconclusive_reason()
     if args.json:
         print(json.dumps(dict(observation_dict(obs, version, args.routing), inconclusive_reason=reason,
-                              steps=args.steps), indent=2))
+                              steps=args.steps, steps_list=spec.steps), indent=2))
     else:
-        print(f"controller {version}, routing {args.routing}, steps [{args.steps}], replicas {args.replicas}, "
+        shown = steps_text(spec.steps) if spec.steps else ""
+        print(f"controller {version}, routing {args.routing}, steps [{shown}], replicas {args.replicas}, "
               f"minPodsPerReplicaSet {args.min_pods}")
         print(f"  peak canary weight while the revived ReplicaSet was partial: {obs.peak_canary_weight_while_partial}")
         print(f"  weights written while partial [t, weight, available, target]: {obs.weights_while_partial}")
         print(f"  canary weight series [t, weight]: {obs.canary_weights}")
         print(f"  exposure: {obs.exposure_seconds:.1f}s; inside rollbackWindow: {obs.rollback_in_window} "
               f"({'; '.join(obs.window_evidence) or 'no evidence'})")
-        print(f"  timeline: {obs.timeline}")
+        print(f"  {'timeline' if obs.series else 'evidence'}: {obs.timeline}")
         if reason:
             print(f"  INCONCLUSIVE: {reason}")
     if reason:
@@ -344,6 +350,10 @@ def cmd_report(args) -> int:
     print(html_path)
     print(md_path)
     return EXIT_OK
+
+
+def cmd_scan(args) -> int:
+    return scan_command.run(args, log=_progress)
 
 
 def cmd_lanes(args) -> int:

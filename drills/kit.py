@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,6 +43,15 @@ REASON_INCOMPLETE = "timeline incomplete"
 RS_CREATION_SPACING_S = 1.0
 # how long the VirtualService may take to return to all-stable after the Rollout is Healthy
 ALL_STABLE_WITHIN_S = 30.0
+# the controller reacts to an available pod within ~10 s (TOOLCHAIN.md): per held pod, hold + this
+REACTION_S = 5.0
+# what the controller says when a rollback is inside rollbackWindow (rollout/sync.go): the promotion reason of its
+# RolloutCompleted event, and the line isRollbackWithinWindow logs.  The window's evidence when there is no step
+# index to jump (steps: []); the log line stands in when the event broadcaster's per-object spam filter (25
+# events, then one per 5 minutes) drops the event
+IN_WINDOW_REASON = "Rollback within window"
+IN_WINDOW_LOG = "Rollback within the window"
+_DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", re.ASCII)
 
 NO_EXPECTATION = "no expectation for this controller version"
 
@@ -64,6 +74,15 @@ class Observation:
     revived_hash: str
     extra: dict = field(default_factory=dict)
     stopped_early: str | None = None       # a wait that ran out: the evidence is kept, the verdict inconclusive
+
+    @classmethod
+    def stopped_before_rollback(cls, label: str, reason: str, evidence: Path) -> "Observation":
+        """A drill whose set-up wait ran out before the rollback: nothing to derive, the reason and what the
+        wait last saw (``evidence``) kept."""
+        return cls(label=label, peak_canary_weight_while_partial=None, partial_window_observed=False,
+                   exposure_seconds=0.0, rollback_in_window=False, window_evidence=[], complete=False,
+                   incomplete_reasons=[reason], timeline=str(evidence), series="", weights_while_partial=[],
+                   canary_weights=[], revived_hash="", stopped_early=reason)
 
     def inconclusive_reason(self) -> str | None:
         if self.stopped_early:
@@ -91,12 +110,42 @@ class Observation:
                 f"in window: {self.rollback_in_window}")
 
 
+def promoted_in_window(records: list[dict], since_mark: str = "rollback") -> str | None:
+    """The controller's RolloutCompleted event giving "Rollback within window" as its reason, after the mark:
+    the evidence of the window when no step index can jump (``steps: []``)."""
+    seen = False
+    for r in timeline.ordered(records):
+        if r["kind"] == "Mark" and r["name"] == since_mark:
+            seen = True
+        elif seen and r["kind"] == "Event" and (r["obj"] or {}).get("reason") == "RolloutCompleted" and \
+                IN_WINDOW_REASON in ((r["obj"] or {}).get("message") or ""):
+            return f"RolloutCompleted event: {r['obj']['message']}"
+    return None
+
+
+def logged_in_window(log: Path | None, offset: int, namespace: str, name: str) -> str | None:
+    """The controller's own log line saying the rollback of ``namespace/name`` is inside the window, written after
+    ``offset`` (bytes) of its log file."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except (OSError, TypeError):
+        return None
+    for line in text.splitlines():
+        if IN_WINDOW_LOG in line and f"namespace={namespace}" in line and f"rollout={name}" in line:
+            return f"controller log: {line.strip()[:300]}"
+    return None
+
+
 def observation(label: str, d: timeline.Derived, result: dict, timeline_path: Path, series: Path,
-                revived_hash: str | None) -> Observation:
+                revived_hash: str | None, said: list[str] = ()) -> Observation:
+    """``said``: what the controller said about the window besides the timeline's own evidence."""
+    evidence = list(d.window_evidence) + [s for s in said if s not in d.window_evidence]
     return Observation(
         label=label, peak_canary_weight_while_partial=d.peak_canary_weight_while_partial,
         partial_window_observed=d.partial_window_observed, exposure_seconds=round(d.exposure_seconds, 3),
-        rollback_in_window=d.rollback_in_window or bool(d.window_evidence), window_evidence=d.window_evidence,
+        rollback_in_window=d.rollback_in_window or bool(evidence), window_evidence=evidence,
         complete=result["complete"], incomplete_reasons=list(result["reasons"]), timeline=str(timeline_path),
         series=str(series), weights_while_partial=[[round(a - d.t0, 2), *b] for a, *b in d.weights_while_partial],
         canary_weights=[[round(a - d.t0, 2), w] for a, w in d.canary_weight], revived_hash=revived_hash or "")
@@ -111,6 +160,10 @@ class Recording:
         self.path = drill.evidence_dir / f"{label}{timeline.TIMELINE_SUFFIX}"
         self.rec = recorder.Recorder(drill.api, drill.ns, drill.name, self.path, audit_log=drill.audit_log).start()
         self.result: dict | None = None
+        try:
+            self.log_offset = drill.controller_log.stat().st_size if drill.controller_log else 0
+        except OSError:
+            self.log_offset = 0
 
     @property
     def running(self) -> bool:
@@ -122,6 +175,13 @@ class Recording:
 
     def records(self) -> list[dict]:
         return self.rec.snapshot()
+
+    def controller_said_in_window(self, records: list[dict] | None = None) -> list[str]:
+        """What the controller said about the rollback being inside rollbackWindow since the rollback mark: its
+        RolloutCompleted event's reason, its log line (the embedded cluster's controller log)."""
+        said = [promoted_in_window(self.records() if records is None else records),
+                logged_in_window(self.drill.controller_log, self.log_offset, self.drill.ns, self.drill.name)]
+        return [s for s in said if s]
 
     def derive(self, canary_hash: str | None = "revived", since_mark: str | None = "rollback", **kw
                ) -> timeline.Derived:
@@ -154,7 +214,7 @@ class Recording:
         d = self.derive()
         series = self.write_series(d, extra)
         return observation(self.label, d, {"complete": self.rec.complete, "reasons": self.rec.incomplete_reasons},
-                           self.path, series, self.drill.hash_v1)
+                           self.path, series, self.drill.hash_v1, self.controller_said_in_window())
 
     def stop(self) -> dict:
         if self.result is None:
@@ -165,7 +225,8 @@ class Recording:
         """Stop recording; the observation of the whole run (series file written beside the timeline)."""
         result = self.stop()
         d = timeline.derive(self.rec.records, self.drill.hash_v1, since_mark="rollback")
-        obs = observation(self.label, d, result, self.path, self.write_series(d, extra), self.drill.hash_v1)
+        obs = observation(self.label, d, result, self.path, self.write_series(d, extra), self.drill.hash_v1,
+                          self.controller_said_in_window(self.rec.records))
         obs.stopped_early = stopped_early
         return obs
 
@@ -173,9 +234,11 @@ class Recording:
 # --- the drill ---------------------------------------------------------------------------------------------
 class DrillRollout:
     def __init__(self, api: client.ApiClient, namespace: str, spec: RolloutSpec, evidence_dir: Path,
-                 journal=None, log=None, controller_version: str = "", audit_log: Path | None = None):
+                 journal=None, log=None, controller_version: str = "", audit_log: Path | None = None,
+                 controller_log: Path | None = None):
         self.api = api
         self.audit_log = audit_log
+        self.controller_log = Path(controller_log) if controller_log else None   # the embedded controller's log
         self.ns = namespace
         self.spec = spec
         self.evidence_dir = Path(evidence_dir)
@@ -211,12 +274,21 @@ class DrillRollout:
     def settle_timeout(self) -> float:
         """Long enough for every held pod to be released one by one, with the controller's reaction time."""
         per_pod = self.spec.hold_seconds if self.spec.availability_control else 2.0
-        return 120.0 + self.spec.replicas * (per_pod + 5.0)
+        return 120.0 + self.spec.replicas * (per_pod + REACTION_S)
+
+    def deploy_timeout(self) -> float:
+        """A deploy walks the steps: every timed pause in full, each step's pods, the controller's reactions."""
+        steps = self.spec.steps or []
+        return 60.0 + pause_seconds(steps) + (len(steps) + self.spec.replicas) * REACTION_S + 60.0
+
+    def scale_down_timeout(self) -> float:
+        """The old ReplicaSet is scaled down scaleDownDelaySeconds after the promotion, then its pods go."""
+        return 120.0 + (self.spec.scale_down_delay or 0) + self.spec.replicas * 1.0
 
     # --- set-up ------------------------------------------------------------------------------------------
     def deploy_v1(self, timeout: float | None = None) -> str:
         install(self.api, self.ns, self.spec, journal=self.journal, log=self.log)
-        ro = self.ro.wait(self.name, healthy(), timeout or self.settle_timeout(), progress=self.progress)
+        ro = self.ro.wait(self.name, healthy(), timeout or self.deploy_timeout(), progress=self.progress)
         self.hash_v1 = ro["status"]["stableRS"]
         return self.hash_v1
 
@@ -238,7 +310,7 @@ class DrillRollout:
         promoted, said); returns the new stable ReplicaSet."""
         self.space_replicasets()
         self.ro.set_image(self.name, image, container=self.spec.container)
-        deadline = time.monotonic() + (timeout or self.settle_timeout() + 60)
+        deadline = time.monotonic() + (timeout or self.deploy_timeout())
         while True:
             ro = self.ro.wait(self.name, Predicate(
                 "Healthy at the new image, or paused on an indefinite pause",
@@ -255,8 +327,8 @@ class DrillRollout:
         self.hash_v2 = self.deploy(self.spec.image_v2, timeout)
         return self.hash_v2
 
-    def wait_scaled_to_zero(self, pod_hash: str, timeout: float = 180):
-        self.ro.wait_scaled_to_zero(self.name, pod_hash, timeout)
+    def wait_scaled_to_zero(self, pod_hash: str, timeout: float | None = None):
+        self.ro.wait_scaled_to_zero(self.name, pod_hash, timeout or self.scale_down_timeout())
 
     def cut_steps(self, steps: list[dict], timeout: float = 120):
         self.ro.set_steps(self.name, steps)
@@ -354,6 +426,19 @@ class DrillRollout:
                 self._recording.stop()
             except Exception:
                 pass
+
+
+def pause_seconds(steps: list[dict]) -> float:
+    """Total of the timed pauses of a step list (Go durations: 10s, 1.5m, 1h30m, 500ms; a bare number is
+    seconds); indefinite pauses count 0 (the drill promotes through them)."""
+    total = 0.0
+    for s in steps or []:
+        d = (s.get("pause") or {}).get("duration") if isinstance(s, dict) and "pause" in s else None
+        if isinstance(d, (int, float)):
+            total += float(d)
+        elif isinstance(d, str):
+            total += sum(float(v) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[u] for v, u in _DURATION_RE.findall(d))
+    return total
 
 
 def _image(ro: dict, container: str = "app") -> str | None:

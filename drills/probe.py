@@ -1,46 +1,162 @@
-"""The general rollback probe: any step list, one rollback inside rollbackWindow, on a fresh namespace.
+"""The general rollback probe: any step list (``steps: []`` too), one rollback inside rollbackWindow, on a fresh
+namespace.
 
 Deploy v1, deploy v2 and let it promote, wait until the v1 ReplicaSet is scaled to 0, roll back while
 availability control holds the revived pods, and observe the peak canary weight while the revived
-ReplicaSet is partial.  Waits scale with the shape (replicas x hold); a wait that still runs out ends the probe
-``inconclusive`` with the evidence kept and said, never with a traceback.  Lane A is two probes and an exit
-on one DrillRollout.
+ReplicaSet is partial.  Waits scale with the shape (replicas x hold, the timed pauses, scaleDownDelaySeconds).
+The revived pods are released one at a time until the rollback's weight decision is on record
+(``window_decided``); the rest may then be released together (``release="after-window"``, the default), which
+keeps a probe of the fleet's real sizes (20 replicas and more) short.  A wait that still runs out ends the probe
+``inconclusive`` with the evidence kept and said (the timeline so far, or what a set-up wait last saw), never
+with a traceback.  Lane A is two probes and an exit on one DrillRollout.
 """
 from __future__ import annotations
 
+import json
+import math
+import time
 from dataclasses import asdict
 from pathlib import Path
 
+from . import timeline
 from .kit import DrillRollout, Observation
+from .rollout import summarize_rollout
 from .shapes import RolloutSpec
 from .steps import steps_text
-from .wait import WaitTimeout
+from .wait import WaitTimeout, until
+
+AFTER_WINDOW, ONE_BY_ONE = "after-window", "one-by-one"
+RELEASES = (AFTER_WINDOW, ONE_BY_ONE)
+# after the weight decision is on record, this many more revived pods turn available one at a time with no
+# weight change before the rest may be released together
+AFTER_WINDOW_PODS = 2
+# how long the controller's event broadcaster may take to deliver the promotion event after Healthy
+EVENT_WITHIN_S = 30.0
 
 
 def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, controller_version: str, journal=None,
-              log=None, audit_log: Path | None = None) -> tuple[Observation, DrillRollout]:
+              log=None, audit_log: Path | None = None, release: str = AFTER_WINDOW,
+              rollback_timeout: float | None = None, controller_log: Path | None = None
+              ) -> tuple[Observation, DrillRollout]:
+    """One probe; the observation is inconclusive (``stopped_early``) when a wait ran out.  ``rollback_timeout``:
+    seconds the rollback may take to settle (default: scaled with the shape, DrillRollout.settle_timeout);
+    ``controller_log``: the embedded controller's log (``controller_log_of``), read for its word on the window."""
     drill = DrillRollout(api, namespace, spec, evidence_dir, journal=journal, log=log,
-                         controller_version=controller_version, audit_log=audit_log)
+                         controller_version=controller_version, audit_log=audit_log, controller_log=controller_log)
     try:
-        drill.log(f"probe: deploy v1 (steps [{steps_text(spec.steps)}], replicas {spec.replicas}, "
-                  f"minPodsPerReplicaSet {spec.min_pods}, routing {spec.routing})")
-        drill.deploy_v1()
-        drill.log("probe: deploy v2 and let it promote")
-        drill.deploy_v2()
-        drill.log(f"probe: wait until the v1 ReplicaSet {drill.hash_v1} is scaled to 0")
-        drill.wait_scaled_to_zero(drill.hash_v1)
+        stage = "deploy v1"
+        try:
+            shown = steps_text(spec.steps) if spec.steps else ""
+            drill.log(f"probe: deploy v1 (steps [{shown}], replicas {spec.replicas}, minPodsPerReplicaSet "
+                      f"{spec.min_pods}, routing {spec.routing})")
+            drill.deploy_v1()
+            stage = "deploy v2"
+            drill.log("probe: deploy v2 and let it promote")
+            drill.deploy_v2()
+            stage = "scale-down of v1"
+            drill.log(f"probe: wait until the v1 ReplicaSet {drill.hash_v1} is scaled to 0")
+            drill.wait_scaled_to_zero(drill.hash_v1)
+        except WaitTimeout as e:
+            reason = f"the probe's set-up ({stage}) did not finish: {e}"
+            drill.log(f"probe: {reason}")
+            return Observation.stopped_before_rollback("probe", reason, _setup_evidence(drill, stage, e)), drill
         drill.log("probe: roll back to v1 inside rollbackWindow")
         rec = drill.start_rollback("probe")
+        budget = rollback_timeout or drill.settle_timeout()
+        deadline = time.monotonic() + budget
         stopped = None
         try:
-            drill.wait_settled()
+            if release == AFTER_WINDOW and spec.availability_control:
+                wait_window_decided(drill, budget)
+                release_rest(drill)
+            drill.wait_settled(max(1.0, deadline - time.monotonic()))
+            wait_window_evidence(drill)
         except WaitTimeout as e:
-            stopped = f"the rollback did not settle: {e}"
+            stopped = f"the rollback did not settle within {budget:g}s: {e}"
             drill.log(f"probe: {stopped}; the evidence so far is kept")
         drill.release_holds()
         return rec.finish(stopped_early=stopped), drill
     finally:
         drill.cleanup()
+
+
+def _setup_evidence(drill: DrillRollout, stage: str, e: WaitTimeout) -> Path:
+    """What a set-up wait last saw, kept beside the probe's timeline (there is no timeline before the rollback)."""
+    path = drill.evidence_dir / "probe.setup.json"
+    last = e.last if isinstance(e.last, dict) else None
+    path.write_text(json.dumps({"stage": stage, "wait": str(e), "rollout": summarize_rollout(last) if last else None,
+                                "last_seen": e.last}, indent=1, default=str))
+    return path
+
+
+# --- the discriminating window, then the rest together ---------------------------------------------------------
+def threshold_pods(spec: RolloutSpec) -> int | None:
+    """Revived pods at which the spec's replicaProgressThreshold is met (None without one)."""
+    t = (spec.extra_canary or {}).get("replicaProgressThreshold") or {}
+    if isinstance(t.get("value"), bool) or not isinstance(t.get("value"), int):
+        return None
+    return t["value"] if t.get("type") == "Pods" else math.ceil(t["value"] * spec.replicas / 100)
+
+
+def window_decided(d: timeline.Derived, revived: str | None, threshold: int | None = None) -> bool:
+    """Whether the rollback's weight decision is on record: the revived ReplicaSet was scaled to its target, any
+    replicaProgressThreshold count was reached, and since the later of that scale-up and the last weight change
+    AFTER_WINDOW_PODS more pods turned available with no weight change (or the ReplicaSet is fully available)."""
+    avail = [(t, a, tgt) for t, a, tgt in d.canary_available if t >= d.t0]
+    if not avail or revived is None:
+        return False
+    _, a_now, target = avail[-1]
+    if target and a_now >= target:
+        return True
+    t_full = next((t for t, spec, _r, _a in d.replicasets.get(revived, []) if t >= d.t0 and spec >= target), None)
+    if t_full is None or (threshold is not None and a_now < threshold):
+        return False
+    t_ref = max([t_full, *(t for t, _ in d.canary_weight if t >= d.t0)])
+    a_ref = next((a for t, a, _ in reversed(avail) if t <= t_ref), 0)
+    return a_now - a_ref >= AFTER_WINDOW_PODS
+
+
+def wait_window_decided(drill: DrillRollout, timeout: float) -> timeline.Derived:
+    """Until the weight decision of the rollback is on record: after it, holding the remaining revived pods one
+    at a time only makes the probe longer."""
+    revived, threshold = drill.hash_v1, threshold_pods(drill.spec)
+    return drill.recording.wait(
+        f"the rollback's weight decision on record (the revived ReplicaSet at its target size, then "
+        f"{AFTER_WINDOW_PODS} more pods available with no weight change)",
+        lambda d: window_decided(d, revived, threshold), timeout, describe=lambda d: _so_far(d, revived))
+
+
+def _so_far(d: timeline.Derived, revived: str | None) -> str:
+    last = [[round(t - d.t0, 2), *x] for t, *x in d.replicasets.get(revived, [])[-1:]]
+    return f"canary weights {[w for _, w in d.canary_weight]}, revived ReplicaSet [t, spec, ready, available] {last}"
+
+
+def release_rest(drill: DrillRollout) -> None:
+    """Release every revived pod still held, together (marked on the recording)."""
+    drill.recording.mark("release the rest")
+    drill.release_holds()
+    drill.log("  released the remaining revived pods together (the weight decision is on record)")
+
+
+def wait_window_evidence(drill: DrillRollout, timeout: float = EVENT_WITHIN_S) -> bool:
+    """Until the recording shows the rollback was inside rollbackWindow (the step index jumped, a SkipSteps event,
+    the promotion's RolloutCompleted event, which may arrive after Healthy, or the controller's log line); False
+    when it does not."""
+    def found(recs: list[dict]) -> bool:
+        return bool(timeline.derive(recs, drill.hash_v1, since_mark="rollback").window_evidence) or \
+            bool(drill.recording.controller_said_in_window(recs))
+    try:
+        until("evidence that the rollback was inside rollbackWindow", drill.recording.records, found, timeout,
+              interval=0.5, describe=lambda recs: "none yet")
+    except WaitTimeout:
+        return False
+    return True
+
+
+def controller_log_of(cluster_status: dict) -> Path | None:
+    """The rollouts-controller's log file of an embedded cluster (from its status), if it has one."""
+    proc = next((p for p in cluster_status.get("processes") or [] if p.get("name") == "rollouts-controller"), None)
+    return Path(proc["log"]) if proc and proc.get("log") else None
 
 
 def observation_dict(obs: Observation, controller_version: str, routing: str) -> dict:

@@ -173,10 +173,133 @@ def test_kubeconfig_resolves_or_is_refused_naming_the_file(tmp_path_factory, doc
     ["probe", "--steps", "5,,,pause:xs"], ["probe", "--steps", "5", "--hold", "-0"],
     ["run", "--shard", "2/1", "--plan"], ["run", "--lanes", "a,zz", "--plan"], ["watch", "-n", "x", "r", "--duration",
                                                                              "5parsecs", "--out", "/tmp/x"],
-    ["restore", "--journal", "/dev/null"], ["report", "--merge", "/"]])
+    ["restore", "--journal", "/dev/null"], ["report", "--merge", "/"], ["scan"], ["scan", "/no/such/manifests"],
+    ["scan", "fixtures/fleet/apps", "--fail-on", "everything"], ["scan", "fixtures/fleet/apps", "--verify", "-1"],
+    ["scan", "fixtures/fleet/apps", "--controller", "latest"], ["probe", "--steps", "none", "--rollback-timeout", "0"]])
 def test_the_command_line_answers_bad_input_with_exit_2_and_one_line(args, tmp_path):
     env = dict(os.environ, DRILLS_REPORTS=str(tmp_path), DRILLS_CACHE=str(tmp_path / "cache"))
     r = subprocess.run([sys.executable, "-m", "drills", *args], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2, (args, r.returncode, r.stderr)
     assert "Traceback" not in r.stderr and r.stderr.strip().startswith("drills:"), r.stderr
     assert not (Path(tmp_path) / "cache" / "clusters").exists()
+
+
+# --- drills scan: manifests as a user (or a CI pipeline) feeds them ------------------------------------------
+junk = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-5, 300), st.floats(allow_nan=False),
+                              st.text(max_size=6)),
+                    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner,
+                                                                                        max_size=3)), max_leaves=6)
+
+
+def mostly(valid, weight: int = 12):
+    """``valid`` most of the time, else anything (the scan reads both kinds)."""
+    return st.one_of(*[valid] * weight, junk)
+
+
+def rollouts(valid: bool):
+    """Rollout documents: every field the rules read well-formed (``valid``), or each one sometimes anything."""
+    any_of = (lambda v, *_: v) if valid else mostly
+    step = any_of(st.one_of(
+        st.fixed_dictionaries({"setWeight": st.integers(0, 100)}),
+        st.fixed_dictionaries({"pause": st.one_of(st.just({}), st.fixed_dictionaries(
+            {"duration": st.sampled_from(["10s", "1m", "1h30m", 5])}))}),
+        st.fixed_dictionaries({"setCanaryScale": st.one_of(st.fixed_dictionaries({"replicas": st.integers(0, 30)}),
+                                                           st.fixed_dictionaries({"weight": st.integers(0, 100)}),
+                                                           st.just({"matchTrafficWeight": True}))})))
+    routing = st.sampled_from([
+        {"trafficRouting": {"istio": {"virtualService": {"name": "r"}, "destinationRule": {"name": "r"}}}},
+        {"trafficRouting": {"istio": {"virtualService": {"name": "r"}}}, "canaryService": "c", "stableService": "s"},
+        {"trafficRouting": {"istio": {"virtualService": {"name": "r"}}, "maxTrafficWeight": 200}, "canaryService": "c"},
+        {"trafficRouting": {"nginx": {"stableIngress": "s"}}}, {}])
+    canary = st.builds(lambda base, more: {**base, **more}, routing, st.fixed_dictionaries(
+        {"steps": any_of(st.lists(step, max_size=6))}, optional={
+            "minPodsPerReplicaSet": any_of(st.integers(0, 30)),
+            "replicaProgressThreshold": any_of(st.fixed_dictionaries({"type": st.sampled_from(["Pods", "Percent"]),
+                                                                      "value": st.integers(0, 100)}), 2),
+            "dynamicStableScale": any_of(st.booleans()), "scaleDownDelaySeconds": any_of(st.integers(0, 60)),
+            **({} if valid else {"trafficRouting": junk})}))
+    strategy = st.builds(lambda c, pick: {"blueGreen": {"activeService": "a"}} if pick == 7 else {"canary": c},
+                         canary, st.integers(0, 9))
+    return st.fixed_dictionaries({
+        "apiVersion": st.just("argoproj.io/v1alpha1"), "kind": st.just("Rollout"),
+        "metadata": any_of(st.fixed_dictionaries({"name": st.text(string.ascii_lowercase, min_size=1, max_size=8)},
+                                                 optional={"namespace": any_of(st.just("ns"))})),
+        "spec": any_of(st.fixed_dictionaries({
+            "strategy": any_of(strategy),
+            "rollbackWindow": any_of(st.fixed_dictionaries({"revisions": st.integers(1, 5)})),
+            "replicas": st.builds(lambda n, pick: n if pick != 7 else n % 2, st.integers(2, 40), st.integers(0, 9))
+            if valid else mostly(st.integers(0, 40))}))})
+
+
+rollout_doc = rollouts(valid=False)
+
+def _spliced(doc: dict, at: int, cut: str) -> str:
+    """A manifest with a fragment spliced in (a YAML error somewhere, or a different structure)."""
+    text = yaml.safe_dump(doc)
+    at %= len(text) + 1
+    return text[:at] + cut + text[at:]
+
+
+manifest_text = st.one_of(
+    st.lists(st.one_of(rollout_doc, junk), min_size=1, max_size=3).map(lambda docs: yaml.safe_dump_all(docs)),
+    st.builds(_spliced, rollout_doc, st.integers(0, 10_000),
+              st.sampled_from(["\t", ": [", "- ", "&a *b", "{", "\"", "\n  x:", "!!python/object x", "<<: *a"])),
+    st.text(max_size=200))
+
+
+@given(manifest_text)
+def test_scan_manifests_read_and_predict_or_name_the_file_and_line(doc):
+    from drills.scan.model import ScanInputError
+    from drills.scan.readers import rollouts_in
+    from drills.scan.records import evaluate
+    from drills.scan.sources import facts_from_releases
+    try:
+        found = rollouts_in(doc, "fuzz/rollouts.yaml").rollouts
+    except ScanInputError as e:
+        msg = str(e)
+        assert msg.startswith("fuzz/rollouts.yaml") and "\n" not in msg.strip(), msg
+        assert e.problem and (e.line is None or e.line >= 1), msg
+        return
+    for v in ("v1.7.2", "v1.8.2", "v1.10.2"):
+        for ro in found:
+            r = evaluate(ro, facts_from_releases(v))
+            r.as_dict()
+            assert r.pred.peak is None or 0 <= r.pred.peak <= ro.max_weight, (ro, r.pred)
+
+
+@given(st.lists(rollouts(valid=True), min_size=1, max_size=4), st.sampled_from(config.SUPPORTED_CONTROLLERS))
+def test_scan_predicts_every_well_formed_rollout_within_its_rules(docs, version):
+    """Well-formed Rollouts always read, and every prediction keeps its own invariants on every version."""
+    from drills.scan.advice import WAVES
+    from drills.scan.readers import rollouts_in
+    from drills.scan.records import evaluate
+    from drills.scan.sources import facts_from_releases
+    text = yaml.safe_dump_all(docs)
+    found = rollouts_in(text, "fuzz/valid.yaml").rollouts
+    assert len(found) == len(docs)
+    for ro in found:
+        r = evaluate(ro, facts_from_releases(version))
+        p, d = r.pred, r.as_dict()
+        assert d["wave"] in WAVES and d["controller_version"] is None and d["rule"]["id"] == p.rule
+        if p.peak is None:
+            assert not r.exposed and r.wave == "-"
+            continue
+        assert 0 <= p.peak <= ro.max_weight and (p.carrying is None or 1 <= p.carrying <= ro.replicas), (ro, p)
+        assert r.exposed == (p.peak * ro.replicas > ro.max_weight * (p.carrying or 0) and p.peak > 0), (ro, p)
+        for f in r.findings:
+            assert f.line is None or 1 <= f.line <= len(text.splitlines()), f
+
+
+@pytest.mark.parametrize("content,needle", [("kind: Rollout\nmetadata: {name: a}\nspec: {replicas: [\n", ":4:"),
+                                            ("kind: Rollout\nmetadata: {name: a}\nspec:\n  replicas: -1\n", ":4:"),
+                                            ("kind: Rollout\nmetadata: {name: a}\nspec:\n  strategy:\n    canary:\n"
+                                             "      steps:\n      - setWeight: x\n", ":7:")])
+def test_scan_bad_manifest_exits_2_naming_file_and_line(tmp_path, content, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    r = subprocess.run([sys.executable, "-m", "drills", "scan", str(path)], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, DRILLS_REPORTS=str(tmp_path)))
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    line = r.stderr.strip()
+    assert "Traceback" not in r.stderr and line.startswith("drills:") and "\n" not in line, r.stderr
+    assert f"bad.yaml{needle}" in line and r.stdout == "", line

@@ -13,8 +13,9 @@ from .b import LaneB
 from .base import LaneContext, Runbook, StepFailed, step  # noqa: F401
 from .escape import LaneEscape
 from .order import LaneOrder
+from .scan import LaneScan
 
-LANES: tuple[type[Runbook], ...] = (LaneA, LaneB, LaneAbort, LaneOrder, LaneEscape)
+LANES: tuple[type[Runbook], ...] = (LaneA, LaneB, LaneAbort, LaneOrder, LaneEscape, LaneScan)
 REGISTRY: dict[str, type[Runbook]] = {lane.key: lane for lane in LANES}
 DEFAULT_LANES = ("a", "b")
 

@@ -1,0 +1,10 @@
+"""`drills scan`: the rollback exposure of every Rollout, predicted from its manifest and controller version.
+
+Modules: model (what a Rollout is to the scan; not drills.shapes.RolloutSpec, which is what a drill deploys),
+yamlstream / readers / fleet / live (inputs: manifests, the fleet layout rendered with helm, live clusters),
+sources (what a controller version does, read from its own source), predict (the rules), advice (lint, safe pod
+count, fix wave), records / ci (one record per Rollout, the summary, table, JSON, SARIF, JUnit), verify (a shape
+probed on the real controller; lane ``scan`` in drills.lanes.scan records it), command (what `drills scan` does
+with its arguments; drills.cli owns them).
+"""
+from .model import ScannedRollout, ScanInputError  # noqa: F401

@@ -1,0 +1,181 @@
+"""`drills scan`: what the command does with its parsed arguments (drills.cli owns the arguments, drills.commands
+calls ``run``).  ``--verify K`` runs lane ``scan`` (drills.lanes.scan) on the scanned set, one embedded cluster per
+controller version, into a run folder with its report."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+from .. import config
+from ..cluster import EmbeddedCluster
+from ..errors import combine_exit_codes
+from ..fleet import base_sources
+from ..helm import Helm, HelmError
+from ..lanes.base import LaneContext
+from ..lanes.scan import LaneScan
+from ..ledger import Ledger, exit_code, new_run_id
+from ..report import write_matrix, write_run_report
+from ..toolchain import resolve_controller_versions
+from .ci import write_junit, write_sarif
+from .fleet import FleetScan
+from .live import contexts, read_cluster
+from .model import ScanInputError
+from .readers import read_manifests
+from .records import evaluate, table, to_json, version_order
+from .sources import SourceMapError, facts_for
+from .verify import pick
+
+FAIL_ON = ("exposed", "lint", "none")
+
+
+def _fail_on(text: str) -> set[str]:
+    items = {t.strip() for t in (text or "none").split(",") if t.strip()}
+    bad = items - set(FAIL_ON)
+    if bad or not items:
+        raise ScanInputError(f"--fail-on {text!r}: choose exposed, lint (comma-separated) or none")
+    return items - {"none"}
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _check(args) -> None:
+    if not (args.inputs or args.fleet or args.kubeconfig or args.context or args.all_contexts):
+        raise ScanInputError("nothing to scan: give manifests (files, folders or -), --fleet DIR, or a cluster "
+                             "(--kubeconfig/--context/--all-contexts)")
+    if args.verify < 0:
+        raise ScanInputError(f"--verify {args.verify}: K must be >= 0")
+    if args.workers is not None and not 1 <= args.workers <= 64:
+        raise ScanInputError(f"--workers {args.workers}: give 1..64")
+    if args.source and not Path(args.source).is_dir():
+        raise ScanInputError("--source: not a folder", args.source)
+    if args.context and args.all_contexts:
+        raise ScanInputError("--context and --all-contexts: give one")
+
+
+def run(args, stdout=None, stdin=None, log=_log) -> int:
+    out = stdout or sys.stdout
+    _check(args)
+    fail_on = _fail_on(args.fail_on)
+    versions = resolve_controller_versions(args.controller)
+    facts_cache: dict = {}
+
+    def facts(v):
+        if v not in facts_cache:
+            try:
+                facts_cache[v] = facts_for(v, args.source) if v else None
+            except (SourceMapError, OSError) as e:
+                raise ScanInputError(f"--source: {e}") from None
+        return facts_cache[v]
+    for v in versions:
+        facts(v)
+    t0 = time.monotonic()
+    workers = args.workers or os.cpu_count() or 1
+    specs, stats, inventory, scope = [], {}, None, []
+    if args.inputs:
+        res = read_manifests(args.inputs, versions[0], stdin=stdin, workers=workers)
+        specs += res.rollouts
+        stats["manifest_files"] = res.files
+        scope.append(", ".join(args.inputs)[:80])
+    if args.fleet:
+        specs += _fleet(args, versions[0], stats, workers)
+        scope.append(f"fleet {args.fleet}" + (f" ({args.env})" if args.env else ""))
+    if len(versions) > 1:                      # manifests and renders: each Rollout on every version asked for
+        specs = [dataclasses.replace(ro, controller_version=v) for ro in specs for v in versions]
+    unreadable = []
+    if args.kubeconfig or args.context or args.all_contexts:
+        inventory = []
+        for kc, ctx in contexts(args.kubeconfig, args.context, args.all_contexts):
+            inv = read_cluster(kc, ctx)
+            inventory.append(inv)
+            if inv.error:
+                unreadable.append(f"context {ctx}: {inv.error}")
+            specs += inv.specs
+            scope.append(f"cluster {ctx}")
+    shapes: dict = {}
+    records = [evaluate(ro, facts(ro.controller_version or None), shapes) for ro in specs]
+    for inv in inventory or []:
+        inv.exposed = sum(r.exposed for r in records if r.ro.origin.get("cluster") == inv.context)
+    stats.update(rollouts=len(records), shapes=len(shapes), seconds=round(time.monotonic() - t0, 2))
+    verification = None
+    code = 0
+    if args.verify:
+        verification, run_dir, vcode = verify_run(records, args.verify, "scan of " + "; ".join(scope), log)
+        stats["verify_run"] = str(run_dir)
+        code = combine_exit_codes(code, vcode)
+    used_facts = [f for f in facts_cache.values() if f is not None]
+    try:
+        if args.json:
+            print(to_json(records, inventory, verification, stats, used_facts), file=out)
+        else:
+            print(table(records, inventory, verification, stats), file=out)
+        out.flush()
+    except BrokenPipeError:                    # a reader such as `head` closed the pipe: the exit code still counts
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+    if args.sarif:
+        write_sarif(records, args.sarif)
+    if args.junit:
+        write_junit(records, args.junit, verification)
+    if "exposed" in fail_on and any(r.exposed or (r.pred and r.pred.promotes_while_partial) for r in records):
+        code = combine_exit_codes(code, 1)
+    if "lint" in fail_on and any(r.lint_errors for r in records):
+        code = combine_exit_codes(code, 1)
+    for u in unreadable:
+        log(f"drills: cannot read {u}")
+    return combine_exit_codes(code, 2) if unreadable else code
+
+
+def _fleet(args, version: str, stats: dict, workers: int) -> list:
+    envs = [e.strip() for e in args.env.split(",") if e.strip()] if args.env else None
+    sources = base_sources(args.charts) if args.charts else None
+    t0 = time.monotonic()
+    try:
+        helm = Helm()
+    except HelmError as e:
+        raise ScanInputError(str(e)) from None
+    with helm:
+        fs = FleetScan(args.fleet, envs, args.app, version, helm, workers=workers, sources=sources)
+        res = fs.run()
+    stats.update({f"fleet_{k}": v for k, v in fs.stats.items()})
+    stats["fleet_seconds"] = round(time.monotonic() - t0, 2)
+    return res.rollouts
+
+
+def verify_run(records: list, k: int, scope: str, log) -> tuple[list[dict], Path, int]:
+    """Lane scan on the scanned set: per controller version, the summary rows, then (on the embedded cluster at
+    that version) the picked shapes probed.  Returns the comparisons, the run folder and its exit code."""
+    shapes, uncovered, skipped = pick(records, k)
+    if uncovered:
+        log(f"verify: rules not covered with K={k}: {', '.join(uncovered)}")
+    for why, n in skipped.items():
+        log(f"verify: {n} Rollout(s) not verifiable: {why}")
+    run_id = new_run_id()
+    run_dir = config.reports_dir() / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    comparisons: list[dict] = []
+    for version in version_order({r.ro.controller_version for r in records if r.facts is not None}):
+        mine = [s for s in shapes if s.ro.controller_version == version]
+        ctx = LaneContext(api=None, namespace="", evidence_dir=run_dir / version, ledger=Ledger(
+            run_dir, run_id, target="embedded", controller_version=version), version=version, log=log)
+        lane = LaneScan(ctx).use([r for r in records if r.ro.controller_version == version], scope, mine)
+        lane.summary()
+        if not mine:
+            continue
+        cluster = EmbeddedCluster(log=log)
+        was_up = bool(cluster.status().get("ready")) and cluster.controller_version == version
+        try:
+            cluster.up(version)
+            ctx.api, ctx.cluster, ctx.audit_log = cluster.api_client(), cluster, cluster.status().get("audit_log")
+            lane.verify()
+        finally:
+            comparisons += lane.comparisons
+            if not was_up:
+                cluster.down(quiet=True)
+    write_run_report(run_dir)
+    write_matrix(None, run_dir.parent)
+    log(f"verify: run folder {run_dir}, report {run_dir / 'report.html'}")
+    return comparisons, run_dir, exit_code([c for c in comparisons])

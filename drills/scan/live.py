@@ -1,0 +1,105 @@
+"""Rollouts of live clusters, read-only (list and get only: nothing is written).
+
+Contexts resolve as kubectl resolves them (``--kubeconfig``, else KUBECONFIG, else ~/.kube/config; the
+current context, ``--context``, or every context with ``--all-contexts``).  The controller version of a
+cluster is the image tag of its argo-rollouts controller Deployment (found by the labels the upstream
+manifests and Helm chart put on it, else by its image); a cluster without one is reported, not guessed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kubernetes import client
+from kubernetes import config as kconfig
+
+from .. import __version__, config, kube
+from ..errors import BadInput
+from .model import ScanInputError, from_object
+
+USER_AGENT = f"drills-scan/{__version__}"     # the scan's requests are told apart in the apiserver's audit log
+
+_CONTROLLER_LABELS = ("app.kubernetes.io/name=argo-rollouts", "app.kubernetes.io/component=rollouts-controller")
+_IMAGE_RE = re.compile(r"(^|/)argo-rollouts(@|:|$)")
+_NOT_CONTROLLER = ("dashboard", "kubectl-argo-rollouts")
+
+
+@dataclass
+class ClusterInventory:
+    context: str
+    controller_version: str | None
+    controller: str | None            # namespace/name of the Deployment and its image
+    rollouts: int = 0
+    exposed: int = 0
+    error: str | None = None
+    specs: list = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"context": self.context, "controller_version": self.controller_version,
+                "controller": self.controller, "rollouts": self.rollouts, "exposed": self.exposed,
+                "error": self.error}
+
+
+def contexts(kubeconfig: str | None, context: str | None, all_contexts: bool) -> list[tuple[str, str]]:
+    """(kubeconfig file, context) pairs to read, resolved as kubectl resolves them (drills.kube)."""
+    if not all_contexts:
+        return [kube.resolve_kubeconfig(kubeconfig, context)]
+    try:
+        ctxs, _ = kconfig.list_kube_config_contexts(config_file=kubeconfig)
+    except Exception as e:                       # the loader raises many kinds for a malformed file
+        raise ScanInputError(f"kubeconfig: {' '.join(str(e).split())[:300]}", kubeconfig) from None
+    names = [c["name"] for c in ctxs or []]
+    if not names:
+        raise ScanInputError("kubeconfig has no contexts", kubeconfig)
+    kc, _ = kube.resolve_kubeconfig(kubeconfig, names[0])
+    return [(kc, name) for name in names]
+
+
+def _image_version(image: str) -> str | None:
+    tag = image.rsplit("@", 1)[0]
+    tag = tag.rsplit(":", 1)[1] if ":" in tag.rsplit("/", 1)[-1] else ""
+    return config.normalise_version(tag) if tag else None
+
+
+def controller_of(apps_api) -> tuple[str | None, str | None]:
+    """(version, 'namespace/name image') of the argo-rollouts controller Deployment, or (None, None)."""
+    candidates = []
+    for sel in _CONTROLLER_LABELS:
+        candidates += apps_api.list_deployment_for_all_namespaces(label_selector=sel).items
+    if not candidates:
+        candidates = apps_api.list_deployment_for_all_namespaces().items
+    for d in candidates:
+        name = d.metadata.name or ""
+        if any(x in name for x in _NOT_CONTROLLER):
+            continue
+        for c in d.spec.template.spec.containers or []:
+            image = c.image or ""
+            repo = image.rsplit("@", 1)[0].rsplit(":", 1)[0]
+            if _IMAGE_RE.search(repo) and not any(x in image for x in _NOT_CONTROLLER):
+                return _image_version(image), f"{d.metadata.namespace}/{name} {image}"
+    return None, None
+
+
+def read_cluster(kubeconfig: str, context: str) -> ClusterInventory:
+    """One cluster's inventory (list and get only); a cluster that cannot be read is an inventory with its
+    error, so the other contexts are still read."""
+    try:
+        kube.resolve_kubeconfig(kubeconfig, context)
+        api = kube.new_client(kubeconfig, context, agent=USER_AGENT)
+    except BadInput as e:
+        return ClusterInventory(context, None, None, error=str(e))
+    try:
+        version, where = controller_of(client.AppsV1Api(api))
+        items = client.CustomObjectsApi(api).list_cluster_custom_object(
+            "argoproj.io", "v1alpha1", "rollouts").get("items") or []
+    except Exception as e:                       # refused, forbidden, TLS, a silent server: said in one line
+        return ClusterInventory(context, None, None, error=kube.describe(e, kube.server_of(api), "listing Rollouts"))
+    inv = ClusterInventory(context, version, where)
+    for obj in items:
+        md = obj.get("metadata") or {}
+        ro = from_object(obj, f"cluster:{context}/{md.get('namespace')}/{md.get('name')}")
+        ro.controller_version = version or ""
+        ro.origin = {"cluster": context, "controller": where}
+        inv.specs.append(ro)
+    inv.rollouts = len(inv.specs)
+    return inv

@@ -1,0 +1,121 @@
+"""Manifests as input: files, folders (recursively: *.yaml, *.yml, *.json) and ``-`` (standard input).
+
+A stream may hold many documents (a ``helm template`` or kustomize output) and kubectl Lists
+(``kubectl get rollouts -A -o yaml``).  Every Rollout becomes a ScannedRollout whose ``source`` is
+``file:line``; other objects are only counted.  Unreadable input raises ScanInputError with file and line.
+"""
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .model import ROLLOUT_KINDS, ScanInputError, from_object
+from .yamlstream import objects
+
+SUFFIXES = (".yaml", ".yml", ".json")
+PARALLEL_BYTES = 4 << 20          # below this a process pool costs more than it saves
+STDIN = "-"
+
+
+@dataclass
+class ReadResult:
+    rollouts: list = field(default_factory=list)
+    kinds: Counter = field(default_factory=Counter)       # every object kind seen
+    files: int = 0
+
+
+def display_path(path: Path | str) -> str:
+    """A path relative to the working directory when it is below it (SARIF wants repository-relative)."""
+    if str(path) == STDIN:
+        return "<stdin>"
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def manifest_paths(inputs: list[str]) -> list[str]:
+    out: list[str] = []
+    for item in inputs:
+        if item == STDIN:
+            out.append(STDIN)
+            continue
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SUFFIXES
+                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            out.extend(found)
+        elif p.is_file():
+            out.append(str(p))
+        else:
+            raise ScanInputError("no such file or folder", str(p))
+    return out
+
+
+def read_text(path: str, stdin=None) -> str:
+    if path == STDIN:
+        src = stdin if stdin is not None else sys.stdin
+        raw = src.buffer.read() if hasattr(src, "buffer") else src.read()
+        if isinstance(raw, str):
+            return raw
+    else:
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as e:
+            raise ScanInputError(f"cannot read: {e.strerror}", display_path(path)) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ScanInputError("not UTF-8 text", display_path(path), line) from None
+
+
+def rollouts_in(text: str, label: str, controller_version: str = "", default_namespace: str = "default",
+                origin: dict | None = None, result: ReadResult | None = None) -> ReadResult:
+    """Every Rollout of one YAML stream; ``label`` names it in sources and messages."""
+    return rollouts_of(objects(text, label), label, controller_version, default_namespace, origin, result)
+
+
+def rollouts_of(objs: list, label: str, controller_version: str = "", default_namespace: str = "default",
+                origin: dict | None = None, result: ReadResult | None = None) -> ReadResult:
+    """RolloutSpecs of objects already read by yamlstream.objects (counted by kind)."""
+    res = result or ReadResult()
+    for o in objs:
+        kind = o.obj.get("kind")
+        res.kinds[str(kind)] += 1
+        if kind not in ROLLOUT_KINDS:
+            continue
+        ro = from_object(o.obj, f"{label}:{o.line}", file=label, line=o.line, lines=o.lines,
+                         default_namespace=default_namespace)
+        ro.controller_version = controller_version
+        ro.origin = dict(origin or {})
+        if o.source_comment:
+            ro.origin.setdefault("template", o.source_comment)
+        res.rollouts.append(ro)
+    return res
+
+
+def _read_one(path: str, controller_version: str) -> ReadResult:
+    return rollouts_in(read_text(path), display_path(path), controller_version)
+
+
+def read_manifests(inputs: list[str], controller_version: str, stdin=None, workers: int = 1) -> ReadResult:
+    """Every Rollout of the inputs, in input order; files are parsed in ``workers`` processes when there are
+    enough of them to pay for the processes (the parse is CPU-bound)."""
+    paths = manifest_paths(inputs)
+    res = ReadResult()
+    big = sum(Path(p).stat().st_size for p in paths if p != STDIN) >= PARALLEL_BYTES
+    if workers > 1 and big and STDIN not in paths:
+        with ProcessPoolExecutor(workers) as pool:
+            parts = list(pool.map(_read_one, paths, [controller_version] * len(paths), chunksize=4))
+    else:
+        parts = [rollouts_in(read_text(p, stdin), display_path(p), controller_version) for p in paths]
+    for part in parts:
+        res.rollouts += part.rollouts
+        res.kinds.update(part.kinds)
+        res.files += 1
+    return res

@@ -1,0 +1,219 @@
+"""What a controller version does on the rollback path, read from that version's own source.
+
+Every line a prediction names is found here by its code in the version's module source (the Go module cache,
+``go mod download``) or a tree given with ``--source``; the weight-chain lines come from drills.branches.
+Nothing is typed in by hand.  Four facts decide the rules (predict.py):
+
+- ``guard``: Istio's UpdateHash refuses (returns an error, so SetWeight is not reached) while a ReplicaSet with
+  replicas > 0 is not fully available, when the Rollout names neither canaryService nor stableService
+  (issue #2507): v1.8.0-v1.8.2 and v1.9.0 on.  Absent in v1.7.x; in v1.8.3-v1.8.5 UpdateHash only delays the
+  DestinationRule switch and returns nil, so SetWeight runs (``guard_kind`` "dr-only").
+- ``rpt``: CanaryStrategy has replicaProgressThreshold (v1.9.0 on): AtDesiredReplicaCountsForCanary and the
+  promotion gate accept a partly available canary.
+- ``cap``: reconcileTrafficRouting caps the weight with weightFromAvailableReplicas (upstream PR #4852, not in a
+  release): the weight follows the available share.
+- ``stable_check``: checkReplicasAvailable(stableRS, ...) guards the weight (v1.8.1 on).
+- ``min_pods_capped``: the minPodsPerReplicaSet floor is capped at spec.replicas (v1.10.0 on).
+
+Without any source (no Go toolchain, no module cache) the facts come from the release ranges above and the
+lines are unknown; ``derived_from`` says which.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from .. import config
+from ..branches import BACKWARD, END, MID, SourceMapError, find_branches, release_source
+
+TR, CANARY, SYNC, RSC, ISTIO, TYPES, VALIDATION = (
+    "rollout/trafficrouting.go", "rollout/canary.go", "rollout/sync.go", "utils/replicaset/canary.go",
+    "rollout/trafficrouting/istio/istio.go", "pkg/apis/rollouts/v1alpha1/types.go",
+    "pkg/apis/rollouts/validation/validation.go")
+
+# key: (file, function whose body holds the line (None: anywhere), pattern, what the line is)
+FINDERS = {
+    "zero-available": (TR, "reconcileTrafficRouting",
+                       r"\}\s*else if c\.newRS == nil \|\| c\.newRS\.Status\.AvailableReplicas == 0",
+                       "newRS nil or 0 available: weight stays 0"),
+    "stable-check": (TR, "reconcileTrafficRouting", r"if !c\.checkReplicasAvailable\(c\.stableRS",
+                     "checkReplicasAvailable(stableRS, max - weight): looks at the stable only"),
+    "cap": (TR, "reconcileTrafficRouting", r"weightFromAvailableReplicas\(",
+            "weight capped to the canary's available share"),
+    "jump": (CANARY, "syncRolloutStatusCanary",
+             r"if c\.rollout\.Status\.PromoteFull \|\| c\.isRollbackWithinWindow\(\)",
+             "inside rollbackWindow: index jumps to len(steps) at the end of the pass"),
+    "skip-steps": (CANARY, "syncRolloutStatusCanary", r"c\.isRollbackWithinWindow\(\) && replicasetutil\.IsActive",
+                   "template-change pass: jump only if the revived ReplicaSet still has replicas"),
+    "first-size": (RSC, "GetCurrentSetWeight", r"for i := \*currentStepIndex; i >= 0; i--",
+                   "RS sized from the setWeight at the current index (steps[0] on the pass before the jump)"),
+    "min-pods": (RSC, "CheckMinPodsPerReplicaSet",
+                 r"return max\(count, (\*rollout\.Spec\.Strategy\.Canary\.MinPodsPerReplicaSet|minPodsPerReplicaSet)\)",
+                 "floor minPodsPerReplicaSet (0 stays 0)"),
+    "min-pods-cap": (RSC, "CheckMinPodsPerReplicaSet", r"if minPodsPerReplicaSet > rolloutSpecReplicaSet",
+                     "the floor is capped at spec.replicas"),
+    "ceil": (RSC, "trafficWeightToReplicas", r"math\.Ceil\(", "pods = ceil(weight x replicas / max weight)"),
+    "guard": (ISTIO, "UpdateHash", r'return fmt\.Errorf\("delaying destination rule switch',
+              "UpdateHash refuses while a ReplicaSet with replicas > 0 is not fully available"),
+    "guard-log": (ISTIO, "UpdateHash", r"delaying destination rule switch",
+                  "UpdateHash delays the DestinationRule switch while a ReplicaSet is not fully available"),
+    "guard-services": (ISTIO, None, r'Canary\.CanaryService (==|!=) ""',
+                       "the guard only without canaryService/stableService"),
+    "rpt-field": (TYPES, None, r"ReplicaProgressThreshold \*ReplicaProgressThreshold",
+                  "replicaProgressThreshold in the canary strategy"),
+    "rpt-at-desired": (RSC, "AtDesiredReplicaCountsForCanary", r"if !ReplicaProgressThresholdMet\(",
+                       "at desired counts once the threshold is met"),
+    "rpt-pods": (RSC, "ReplicaProgressThresholdMet", r"return rs\.Status\.AvailableReplicas >= threshold\.Value",
+                 "type Pods: met at available >= value"),
+    "rpt-promote": (SYNC, "shouldFullPromote", r"ReplicaProgressThresholdMet\(",
+                    "promotion gate accepts the threshold"),
+    "promote-gate": (SYNC, "shouldFullPromote", r"c\.newRS\.Status\.AvailableReplicas (!=|<) ",
+                     "promotion waits for the revived ReplicaSet's availability"),
+    "dss-scaledown": (VALIDATION, "ValidateRolloutStrategyCanary",
+                      r"canary\.ScaleDownDelaySeconds != nil && canary\.DynamicStableScale",
+                      "InvalidSpec: dynamicStableScale with scaleDownDelaySeconds"),
+    "in-window": (SYNC, None, r"^func \(c \*rolloutContext\) isRollbackWithinWindow\(\)",
+                  "rollback inside rollbackWindow"),
+}
+CHAIN = {BACKWARD: "backward search: last setWeight before the index",
+         MID: "mid-steps: GetCurrentSetWeight", END: "end of steps: MaxTrafficWeight"}
+RELEASES_WITH = {"guard": (1, 8, 0), "rpt": (1, 9, 0), "stable_check": (1, 8, 1), "min_pods_capped": (1, 10, 0)}
+GUARD_DR_ONLY = ((1, 8, 3), (1, 8, 5))       # UpdateHash returns nil while delaying the DestinationRule switch
+
+
+@dataclass(frozen=True)
+class Line:
+    key: str
+    file: str
+    line: int | None
+    what: str
+
+    def ref(self) -> str:
+        return f"{self.file}:{self.line}" if self.line else f"{self.file} (line unknown)"
+
+
+@dataclass
+class VersionFacts:
+    version: str
+    guard: bool
+    rpt: bool
+    cap: bool
+    stable_check: bool
+    derived_from: str                        # "source <dir>" | "release ranges (no source)"
+    lines: dict = field(default_factory=dict)
+    min_pods_capped: bool = False            # the minPodsPerReplicaSet floor is capped at spec.replicas
+    guard_kind: str = "none"                 # blocking | dr-only | none
+
+    def line(self, key: str) -> Line:
+        if key in self.lines:
+            return self.lines[key]
+        f = FINDERS.get(key)
+        return Line(key, f[0] if f else TR, None, (f[3] if f else CHAIN.get(key, key)))
+
+    def refs(self, *keys: str) -> list[Line]:
+        return [self.line(k) for k in keys]
+
+    def as_dict(self) -> dict:
+        return {"version": self.version, "guard": self.guard, "guard_kind": self.guard_kind, "rpt": self.rpt,
+                "cap": self.cap,
+                "stable_check": self.stable_check, "min_pods_capped": self.min_pods_capped,
+                "derived_from": self.derived_from,
+                "lines": {k: v.ref() for k, v in sorted(self.lines.items())}}
+
+
+# --- finding lines --------------------------------------------------------------------------------------
+def _body(lines: list[str], func: str | None) -> range:
+    if func is None:
+        return range(len(lines))
+    start_re = re.compile(r"^func\s+(\([^)]*\)\s+)?" + re.escape(func) + r"\s*\(")
+    start = next((i for i, text in enumerate(lines) if start_re.match(text)), None)
+    if start is None:
+        return range(0)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("}")), len(lines))
+    return range(start, end + 1)
+
+
+def find_lines(root: Path) -> dict[str, Line]:
+    """Every FINDERS line and the three chain lines found in a source tree (missing ones are absent)."""
+    root = Path(root)
+    out: dict[str, Line] = {}
+    cache: dict[str, list[str]] = {}
+    for key, (rel, func, pattern, what) in FINDERS.items():
+        if rel not in cache:
+            p = root / rel
+            cache[rel] = p.read_text().splitlines() if p.is_file() else []
+        lines = cache[rel]
+        rx = re.compile(pattern)
+        hit = next((i for i in _body(lines, func) if rx.search(lines[i])), None)
+        if hit is not None:
+            out[key] = Line(key, rel, hit + 1, what)
+    try:
+        bm = find_branches(root / TR)
+        for b in (BACKWARD, MID, END):
+            out[b] = Line(b, TR, bm.line(b), CHAIN[b])
+    except (SourceMapError, OSError):
+        pass
+    return out
+
+
+def facts_from_source(version: str, root: Path) -> VersionFacts:
+    lines = find_lines(root)
+    if BACKWARD not in lines:
+        raise SourceMapError(f"{root}: no Argo Rollouts source (rollout/trafficrouting.go with the weight chain)")
+    return VersionFacts(version=version, guard="guard" in lines, rpt="rpt-field" in lines, cap="cap" in lines,
+                        stable_check="stable-check" in lines, derived_from=f"source {root}", lines=lines,
+                        min_pods_capped="min-pods-cap" in lines,
+                        guard_kind="blocking" if "guard" in lines else ("dr-only" if "guard-log" in lines else "none"))
+
+
+def facts_from_releases(version: str) -> VersionFacts:
+    v = config.version_tuple(version)
+    dr_only = GUARD_DR_ONLY[0] <= v <= GUARD_DR_ONLY[1]
+    guard = v >= RELEASES_WITH["guard"] and not dr_only
+    return VersionFacts(version=version, guard=guard, rpt=v >= RELEASES_WITH["rpt"],
+                        cap=False, stable_check=v >= RELEASES_WITH["stable_check"],
+                        derived_from="release ranges (no source found)",
+                        min_pods_capped=v >= RELEASES_WITH["min_pods_capped"],
+                        guard_kind="blocking" if guard else ("dr-only" if dr_only else "none"))
+
+
+# --- locating a release's source ----------------------------------------------------------------------
+def _gomodcache() -> Path:
+    env = os.environ.get("GOMODCACHE")
+    if env:
+        return Path(env)
+    gopath = os.environ.get("GOPATH") or str(Path.home() / "go")
+    return Path(gopath.split(os.pathsep)[0]) / "pkg" / "mod"
+
+
+def module_dir(version: str, download: bool = True) -> Path | None:
+    """The module source of argo-rollouts@version: the module cache, else what drills.branches.release_source
+    downloads (`go mod download`)."""
+    cached = _gomodcache() / f"{config.ROLLOUTS_MODULE}@{version}"
+    if (cached / TR).is_file():
+        return cached
+    if not download:
+        return None
+    try:
+        root = release_source(version).parent.parent
+    except (SourceMapError, OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return root if (root / CANARY).is_file() else None
+
+
+@lru_cache(maxsize=None)
+def facts_for(version: str, source: str | None = None, download: bool = True) -> VersionFacts:
+    """The facts of a release (its module source) or of a source tree (``source``)."""
+    if source:
+        return facts_from_source(version, Path(source))
+    root = module_dir(version, download)
+    if root is not None:
+        try:
+            return facts_from_source(version, root)
+        except SourceMapError:
+            pass
+    return facts_from_releases(version)

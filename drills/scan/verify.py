@@ -1,0 +1,159 @@
+"""``--verify K``: the prediction judged by the real controller (the rows are lane ``scan``'s, drills.lanes.scan).
+
+Up to K distinct shapes (controller version, routing, steps, replicas, minPodsPerReplicaSet,
+replicaProgressThreshold, dynamicStableScale) are picked so that every predicted rule the probe can run is
+covered (one shape per rule first, the shape standing for the most Rollouts; then the most common others).
+Each runs through the rollback probe (drills.probe) on the embedded cluster at that version, in a namespace of
+its own, and becomes one comparison: predicted vs observed peak canary weight while the revived ReplicaSet is
+partial, and the pods that carried it.  A shape is probed at fewer replicas when its replicas would make the
+probe long, but only at a count whose prediction has the same rule, peak and exposure; pause durations are
+shortened (they do not enter the rollback path: the index jumps past them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from pathlib import Path
+
+from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
+from ..ledger import FAIL, INCONCLUSIVE, PASS
+from ..probe import run_probe
+from ..shapes import RolloutSpec
+from .model import steps_text
+from .predict import NOT_APPLICABLE_RULES, predict
+from .records import Record
+
+MAX_PROBE_REPLICAS = 4
+HOLD_SECONDS = 15.0              # a shorter hold can end before the controller's write lands (TOOLCHAIN.md)
+PROBE_PAUSE = "2s"
+
+
+@dataclasses.dataclass
+class Shape:
+    record: Record                 # the Rollout standing for the shape
+    count: int                     # Rollouts with this shape
+    probe_replicas: int
+
+    @property
+    def ro(self):
+        return self.record.ro
+
+    @property
+    def label(self) -> str:
+        ro = self.ro
+        extra = (f", replicaProgressThreshold {ro.rpt['type']} {ro.rpt['value']}" if ro.rpt else "") + \
+            (", dynamicStableScale" if ro.dss else "")
+        return (f"{ro.routing} {steps_text(ro.steps)} replicas {ro.replicas} minPods "
+                f"{'-' if ro.min_pods is None else ro.min_pods}{extra}")
+
+
+def not_verifiable(r: Record) -> str | None:
+    if r.pred is None or r.facts is None:
+        return "controller version unknown"
+    if r.pred.rule in NOT_APPLICABLE_RULES:
+        return f"not applicable ({r.pred.rule})"
+    if r.ro.routing not in ("subset", "host"):
+        return f"the probe routes with Istio subsets or hosts, not {r.ro.router or r.ro.routing}"
+    if r.facts.cap:
+        return "a source with the weight cap is not a built release"
+    if r.ro.dss:
+        return "the probe sets scaleDownDelaySeconds, which dynamicStableScale forbids (InvalidSpec)"
+    return None
+
+
+def _key(r: Record) -> tuple:
+    ro = r.ro
+    return (ro.controller_version, ro.routing, json.dumps(ro.steps, sort_keys=True), ro.replicas, ro.min_pods,
+            json.dumps(ro.rpt, sort_keys=True), ro.dss, ro.max_weight)
+
+
+def probe_replicas(r: Record) -> int | None:
+    """The replicas to probe at: the shape's own when small, else the fewest with the same prediction."""
+    ro, p = r.ro, r.pred
+    if ro.replicas <= MAX_PROBE_REPLICAS:
+        return ro.replicas
+    for n in range(3, MAX_PROBE_REPLICAS + 1):
+        q = predict(dataclasses.replace(ro, replicas=n), r.facts)
+        if (q.rule, q.peak, q.exposed) == (p.rule, p.peak, p.exposed):
+            return n
+    return None
+
+
+def pick(records: list[Record], k: int) -> tuple[list[Shape], list[str], dict]:
+    """(shapes to probe, rules left uncovered, why other Rollouts are not verifiable)."""
+    groups: dict[tuple, list[Record]] = {}
+    skipped: dict[str, int] = {}
+    for r in records:
+        why = not_verifiable(r)
+        if why:
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        groups.setdefault(_key(r), []).append(r)
+    shapes = []
+    for recs in groups.values():
+        n = probe_replicas(recs[0])
+        if n is None:
+            why = "no probe-sized replica count keeps the prediction"
+            skipped[why] = skipped.get(why, 0) + len(recs)
+            continue
+        shapes.append(Shape(recs[0], len(recs), n))
+    shapes.sort(key=lambda s: (-s.record.exposed, -s.count, s.probe_replicas, s.label))
+    rules: list[str] = []
+    for s in shapes:
+        if s.record.pred.rule not in rules:
+            rules.append(s.record.pred.rule)
+    chosen = [next(s for s in shapes if s.record.pred.rule == rule) for rule in rules][:k]
+    chosen += [s for s in shapes if s not in chosen][:max(0, k - len(chosen))]
+    covered = {s.record.pred.rule for s in chosen}
+    return chosen, [r for r in rules if r not in covered], skipped
+
+
+def probe_steps(steps: list) -> list:
+    return [{"pause": {"duration": PROBE_PAUSE}} if "pause" in s and (s.get("pause") or {}).get("duration")
+            else dict(s) for s in steps]
+
+
+def probe_spec(shape: Shape) -> RolloutSpec:
+    ro = shape.ro
+    extra = {"replicaProgressThreshold": dict(ro.rpt)} if ro.rpt else {}
+    name = f"scan-{uuid.uuid4().hex[:5]}"
+    return RolloutSpec(steps=probe_steps(ro.steps), replicas=shape.probe_replicas, min_pods=ro.min_pods or 1,
+                       routing=ro.routing, rollback_window=max(ro.rollback_window or 1, 1), hold_seconds=HOLD_SECONDS,
+                       name=name, extra_canary=extra, image_v1=f"registry.local/{name}:v1",
+                       image_v2=f"registry.local/{name}:v2")
+
+
+def run_shape(api, shape: Shape, version: str, evidence_dir: Path, audit_log=None, log=None,
+              controller_log: Path | None = None) -> dict:
+    """Probe one shape on the cluster behind ``api`` (controller ``version``) and compare: a dict with the
+    predicted and observed peak and pods, the verdict and its reason, and the evidence."""
+    pred = shape.record.pred
+    probed = predict(dataclasses.replace(shape.ro, replicas=shape.probe_replicas), shape.record.facts)
+    spec = probe_spec(shape)
+    out = {"controller_version": version, "shape": shape.label, "rule": pred.rule, "rollouts": shape.count,
+           "example": f"{shape.ro.source} {shape.ro.key}", "replicas": shape.ro.replicas,
+           "probe_replicas": shape.probe_replicas, "predicted": probed.peak, "predicted_pods": probed.carrying,
+           "observed": None, "observed_pods": None, "verdict": INCONCLUSIVE, "reason": None, "evidence": None,
+           "weights_while_partial": None, "window_evidence": []}
+    ns = make_namespace(api, namespace_name(spec.name))
+    try:
+        obs, _ = run_probe(api, ns, spec, Path(evidence_dir) / spec.name, version, log=log, audit_log=audit_log,
+                           controller_log=controller_log)
+    finally:
+        drop_namespace(api, ns)
+    peak = obs.peak_canary_weight_while_partial
+    first = next((w for w in obs.weights_while_partial if w[1] == peak), None) if peak else None
+    out.update(observed=peak, observed_pods=first[2] if first else None, evidence=obs.timeline,
+               weights_while_partial=obs.weights_while_partial, window_evidence=obs.window_evidence)
+    reason = obs.inconclusive_reason()
+    if reason:
+        out["reason"] = reason
+    elif peak == probed.peak and (not peak or out["observed_pods"] == probed.carrying):
+        out["verdict"] = PASS
+    else:
+        out["verdict"] = FAIL
+        out["reason"] = (f"shape {shape.label} (probed at replicas {shape.probe_replicas}): predicted "
+                         f"{probed.peak} on {probed.carrying} pod(s) by rule {pred.rule}, observed {peak} on "
+                         f"{out['observed_pods']}: {obs.describe()}")
+    return out

@@ -1,0 +1,105 @@
+"""`drills scan` on a cluster: read-only, the controller version from its argo-rollouts Deployment."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+
+import pytest
+import yaml
+from kubernetes import client
+
+from drills import config
+from drills.scan.live import USER_AGENT
+from drills.wait import until
+
+WRITES = ("create", "update", "patch", "delete", "deletecollection")
+
+
+def drills(*args):
+    env = dict(os.environ, PYTHONPATH=str(config.project_root()))
+    return subprocess.run([sys.executable, "-m", "drills", *args], capture_output=True, text=True, timeout=300,
+                          cwd=config.project_root(), env=env)
+
+
+def _rollout(name: str, steps: list) -> dict:
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": name},
+            "spec": {"replicas": 4, "rollbackWindow": {"revisions": 3},
+                     "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "app", "image": "registry.local/x:1"}]}},
+                     "strategy": {"canary": {"minPodsPerReplicaSet": 1, "steps": steps, "trafficRouting": {
+                         "istio": {"virtualService": {"name": name, "routes": ["primary"]},
+                                   "destinationRule": {"name": name, "canarySubsetName": "canary",
+                                                       "stableSubsetName": "stable"}}}}}}}
+
+
+def _scan_requests(audit_log: str, since: float, until: float) -> list[tuple[str, str]]:
+    """(verb, URI) of every request the apiserver recorded from the scan's user agent in [since, until]."""
+    out = []
+    with open(audit_log) as fh:
+        for line in fh:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("stage") != "ResponseComplete" or not (ev.get("userAgent") or "").startswith(USER_AGENT):
+                continue
+            t = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+            if since <= t <= until:
+                out.append((ev["verb"], ev.get("requestURI")))
+    return out
+
+
+@pytest.mark.single_version
+def test_cluster_inventory_and_predictions_without_a_single_write(cluster, kube, namespace, controller_version):
+    # the controller Deployment as the upstream manifests label it (kwok runs no container for it)
+    labels = {"app.kubernetes.io/name": "argo-rollouts"}
+    client.AppsV1Api(kube).create_namespaced_deployment(namespace, {
+        "metadata": {"name": "argo-rollouts", "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                     {"name": "argo-rollouts", "image": f"quay.io/argoproj/argo-rollouts:{controller_version}"}]}}}})
+    co = client.CustomObjectsApi(kube)
+    for name, steps in (("exposed", [{"setWeight": 5}, {"pause": {}}, {"setWeight": 100}]),
+                        ("cut", [{"setWeight": 5}, {"pause": {}}])):
+        co.create_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", _rollout(name, steps))
+    st = cluster.status()
+    kubeconfig = st["kubeconfig"]
+    (context,) = [c["name"] for c in yaml.safe_load(open(kubeconfig).read())["contexts"]]
+    t0 = time.time()
+    r = drills("scan", "--kubeconfig", kubeconfig, "--all-contexts", "--json")
+    t1 = time.time()
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    (inv,) = out["clusters"]
+    every = co.list_cluster_custom_object("argoproj.io", "v1alpha1", "rollouts")["items"]
+    assert inv["context"] == context and inv["controller_version"] == controller_version
+    assert inv["controller"] == f"{namespace}/argo-rollouts quay.io/argoproj/argo-rollouts:{controller_version}"
+    assert inv["rollouts"] == len(every) == len(out["rollouts"])
+    assert inv["exposed"] == sum(x["exposed"] for x in out["rollouts"])
+    mine = {x["name"]: x for x in out["rollouts"] if x["namespace"] == namespace}
+    assert (mine["exposed"]["predicted_peak_weight"], mine["exposed"]["exposed"]) == (100, True)
+    assert (mine["cut"]["predicted_peak_weight"], mine["cut"]["exposed"]) == (5, False)
+    assert mine["exposed"]["source"] == f"cluster:{context}/{namespace}/exposed"
+    seen = until("the scan's list of Rollouts in the apiserver's audit log",
+                 lambda: _scan_requests(st["audit_log"], t0 - 1, t1 + 1),
+                 lambda got: ("list", "/apis/argoproj.io/v1alpha1/rollouts") in got, timeout=30, interval=0.5)
+    assert [x for x in seen if x[0] in WRITES] == [] and {v for v, _ in seen} <= {"list", "get"}
+
+
+def test_unreadable_contexts_exit_2(tmp_path):
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "down",
+        "clusters": [{"name": "down", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "down", "context": {"cluster": "down", "user": "u"}}]}))
+    r = drills("scan", "--kubeconfig", str(kc), "--context", "elsewhere")
+    assert r.returncode == 2 and "context 'elsewhere' is not in" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = drills("scan", "--kubeconfig", str(kc), "--all-contexts")
+    assert r.returncode == 2 and "cannot read context down" in r.stderr
+    assert "down: controller not found" in r.stdout and "ERROR" in r.stdout
