@@ -54,6 +54,23 @@ def cluster_name(version: str, versions: int = 2) -> str:
     return base if versions == 1 else f"{base}-{re.sub(r'[^a-z0-9]+', '-', version.lower()).strip('-')}"
 
 
+KEEP_LOG_BYTES = 2 << 20       # the last 2 MiB of each log
+
+
+def keep_cluster_logs(cluster: EmbeddedCluster, dest: Path) -> Path:
+    """Copy the tail of every log of an embedded cluster (the controller, the releaser, the control plane) into
+    ``dest`` before the cluster is taken down."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for folder in (cluster.folder / "logs", cluster.kwok_workdir / "clusters" / cluster.name / "logs"):
+        for log in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+            if log.name == "audit.log":
+                continue
+            with open(log, "rb") as fh:
+                fh.seek(max(0, log.stat().st_size - KEEP_LOG_BYTES))
+                (dest / log.name).write_bytes(fh.read())
+    return dest
+
+
 def leg_rows(rows: list[dict], leg: Leg, binary: "Binary | None" = None) -> list[dict]:
     """The ledger rows one leg wrote: its lane, and its controller (a user-built one by its sha256)."""
     def mine(r: dict) -> bool:
@@ -130,6 +147,7 @@ class Run:
         self.clusters: dict[str, EmbeddedCluster] = {}
         self.cluster_locks = {self._key(x): threading.Lock() for x in self.legs}
         self.left = {k: sum(1 for x in self.legs if self._key(x) == k) for k in self.cluster_locks}
+        self.failed_clusters: set[str] = set()
 
     @staticmethod
     def _key(leg: Leg) -> str:
@@ -183,12 +201,21 @@ class Run:
                 self.clusters[key] = c
             return c
 
-    def _leg_done(self, leg: Leg) -> None:
+    def _leg_done(self, leg: Leg, failed: bool = False) -> None:
         key = self._key(leg)
         with self.cluster_locks[key]:
             self.left[key] -= 1
+            if failed:
+                self.failed_clusters.add(key)
             if self.left[key] == 0 and not self.keep_cluster and key in self.clusters:
-                self.clusters.pop(key).down(quiet=True)
+                c = self.clusters.pop(key)
+                if key in self.failed_clusters:      # a failed leg's cluster: its logs outlive it
+                    try:
+                        kept = keep_cluster_logs(c, self.run_dir / "clusters" / c.name)
+                        self.log(f"run {self.run_id}: a leg on {c.name} failed; its logs are kept in {kept}")
+                    except OSError as e:
+                        self.log(f"run {self.run_id}: the logs of {c.name} could not be kept: {e}")
+                c.down(quiet=True)
 
     # --- one leg ----------------------------------------------------------------------------------------------
     def _run_leg(self, leg: Leg, res: LegResult) -> None:
@@ -223,7 +250,7 @@ class Run:
             res.ended = time.monotonic()
             if res.rc == 0 or res.error is None:
                 legsmod.record_duration(leg, res.seconds)
-            self._leg_done(leg)
+            self._leg_done(leg, failed=res.rc != 0)
             self._say_done(res)
             self.changed.set()
 

@@ -39,7 +39,8 @@ def versions(request) -> list[str]:
 def lanes_run(versions, tmp_path_factory) -> tuple[int, str, Path | None]:
     reports = Path(os.environ.get("DRILLS_REPORTS") or config.reports_dir())
     env = {"DRILLS_REPORTS": str(reports), "DRILLS_CLUSTER": f"lanes-{os.getpid()}"}
-    rc, text = _drills("run", "--controller", ",".join(versions), "--lanes", "all", env=env,
+    # beside the other test workers on a small machine: fewer legs at a time than a run of its own would take
+    rc, text = _drills("run", "--controller", ",".join(versions), "--lanes", "all", "-j", "4", env=env,
                        log=tmp_path_factory.mktemp("lanes") / "run.log")
     run_dir = next((Path(line.split("run folder: ", 1)[1].split()[0]) for line in text.splitlines()
                     if line.startswith("run folder: ")), None)

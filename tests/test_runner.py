@@ -45,3 +45,23 @@ def test_shards_merged_equal_the_unsharded_run(tmp_path):
     assert merged.parent == merged_reports and (merged / "report.html").is_file()
     assert _rows(merged) == _rows(whole) and len(_rows(whole)) >= 2 * 9, sorted(_rows(whole) ^ _rows(merged))
     assert (merged_reports / "matrix.md").is_file()
+
+
+def test_a_failed_legs_cluster_keeps_the_tail_of_its_logs(tmp_path, monkeypatch):
+    from drills.cluster import EmbeddedCluster
+    from drills.runner import KEEP_LOG_BYTES, keep_cluster_logs
+
+    monkeypatch.setenv("DRILLS_CACHE", str(tmp_path / "cache"))
+    c = EmbeddedCluster("kept-logs")
+    (c.folder / "logs").mkdir(parents=True)
+    plane = c.kwok_workdir / "clusters" / c.name / "logs"
+    plane.mkdir(parents=True)
+    big = b"x" * KEEP_LOG_BYTES + b"the controller's last words\n"
+    (c.folder / "logs" / "rollouts-controller.log").write_bytes(big)
+    (plane / "kube-controller-manager.log").write_text("healthz check failed\n")
+    (plane / "audit.log").write_text("{}\n" * 10)
+    kept = keep_cluster_logs(c, tmp_path / "run" / "clusters" / c.name)
+    assert sorted(p.name for p in kept.iterdir()) == ["kube-controller-manager.log", "rollouts-controller.log"]
+    tail = (kept / "rollouts-controller.log").read_bytes()
+    assert len(tail) == KEEP_LOG_BYTES and tail.endswith(b"the controller's last words\n")
+    assert (kept / "kube-controller-manager.log").read_text() == "healthz check failed\n"

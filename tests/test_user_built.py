@@ -77,7 +77,7 @@ def test_stale_version_build_is_shown_by_its_reported_version_and_source_crds(tm
     assert info.crd_origin == CRDS_FROM_SOURCE and info.crd_warning is None
     assert info.nearest_release == "v1.7.2"          # what a version-only lookup would have called it
 
-    cluster = EmbeddedCluster()
+    cluster = EmbeddedCluster(f"stale-version-{os.getpid()}")   # its own: the session's cluster stays up
     env = {"DRILLS_CLUSTER": cluster.name}
     try:
         cluster.up(info.nearest_release, **info.cluster_kwargs())

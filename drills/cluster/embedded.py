@@ -37,6 +37,11 @@ class ClusterError(RuntimeError):
     """The cluster could not be brought up or reached (a runtime failure)."""
 
 
+class ControlPlaneExited(ClusterError):
+    """A control-plane process exited while the cluster started (seen on a loaded machine: the
+    kube-controller-manager gives up when the kube-apiserver's /healthz is slow); one more start is tried."""
+
+
 class ClusterInputError(ClusterError):
     """Bad input or a refused start: an occupied port, a missing binary, an unknown version (exit 2)."""
 
@@ -242,13 +247,20 @@ class EmbeddedCluster:
         t0 = time.monotonic()
         if crd_warning:
             self.log(f"cluster: warning: {crd_warning}")
-        try:
-            self._create(version, api_port, Path(controller_binary), Path(crds_dir), reported_version,
-                         label, crd_warning)
-        except BaseException:
-            self.log("cluster: start failed, cleaning up")
-            self.down(quiet=True)
-            raise
+        for attempt in (1, 2):
+            try:
+                self._create(version, api_port, Path(controller_binary), Path(crds_dir), reported_version,
+                             label, crd_warning)
+                break
+            except ControlPlaneExited as e:
+                self.down(quiet=True)
+                if attempt == 2:
+                    raise
+                self.log(f"cluster: {e}; cleaned up, starting once more")
+            except BaseException:
+                self.log("cluster: start failed, cleaning up")
+                self.down(quiet=True)
+                raise
         st = self.state()
         what = (f"user-built controller {label} (reports {reported_version}, sha256 {st.get('controller_sha256')})"
                 if st.get("controller_binary") else f"controller {label}")
@@ -336,7 +348,8 @@ class EmbeddedCluster:
                 logs = kdir / "logs"
                 tails = "; ".join(f"{n}: {(logs / f'{n}.log').read_text()[-300:].strip()}" for n in dead
                                   if (logs / f"{n}.log").is_file())
-                raise ClusterError(f"control-plane process(es) {', '.join(dead)} exited while the cluster started: "
+                raise ControlPlaneExited(f"control-plane process(es) {', '.join(dead)} exited while the cluster "
+                                         f"started: "
                                    f"{tails}")
         finally:
             lease.release()
