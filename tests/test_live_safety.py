@@ -4,6 +4,7 @@ signals, someone else changing the Rollout, Argo CD tracking, shapes the drill c
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -25,10 +26,11 @@ pytestmark = pytest.mark.single_version
 SIDECAR = {"name": "istio-proxy", "image": "registry.local/proxy:1.0"}
 
 
-def until(what: str, fn, timeout: float = 120, every: float = 0.1):
-    """Wait for fn() to return something truthy; the error names the wait."""
+def until(what: str, fn, timeout: float = 120, every: float = 0.1, detail=None):
+    """Wait for fn() to return something truthy; the error names the wait (and ``detail()``: what was seen)."""
     r = retry(retry=retry_if_result(lambda v: not v), stop=stop_after_delay(timeout), wait=wait_fixed(every),
-              retry_error_callback=lambda st: pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}"))
+              retry_error_callback=lambda st: pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}"
+                                                          + (f"\n{detail()}" if detail else "")))
     return r(fn)()
 
 
@@ -146,15 +148,22 @@ def test_sigkill_leaves_the_lease_and_restore_finishes_it_unless_someone_else_ch
 
 
 # --- 4 and 9: a second signal abandons the restore and keeps the lease; a third is only noted --------------------
-def test_second_signal_abandons_restore_keeps_lease_third_is_noted(kube, namespace, stage_rollout, live_cmd,
-                                                                   drills_cmd):
+def test_second_signal_abandons_restore_keeps_lease_third_is_noted(kube, namespace, cluster, stage_rollout,
+                                                                   live_cmd, drills_cmd):
     d = stage_rollout()
     proc, err = _start_live(live_cmd)
     until("the drill's rollback", lambda: _rollback_sent(kube, namespace, d.spec.image_v2), 180)
-    proc.send_signal(signal.SIGINT)
-    until("restore to start", lambda: err.seen("restore: "), 120)
-    proc.send_signal(signal.SIGINT)
-    until("the restore to be abandoned", lambda: err.seen("restore abandoned"), 60)
+    # the controller stopped: the restore's wait for Healthy cannot end before the second signal comes (a
+    # restore that finished first would leave nothing to abandon)
+    controller = next(p["pid"] for p in cluster.state()["processes"] if p["name"] == "rollouts-controller")
+    os.kill(controller, signal.SIGSTOP)
+    try:
+        proc.send_signal(signal.SIGINT)
+        until("restore to start", lambda: err.seen("restore: "), 120, detail=lambda: err.text)
+        proc.send_signal(signal.SIGINT)
+        until("the restore to be abandoned", lambda: err.seen("restore abandoned"), 60, detail=lambda: err.text)
+    finally:
+        os.kill(controller, signal.SIGCONT)
     proc.send_signal(signal.SIGINT)
     rc = proc.wait(120)
     err.t.join(10)
