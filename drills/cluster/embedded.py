@@ -161,6 +161,10 @@ class EmbeddedCluster:
     def all_pids(self) -> list[int]:
         return [p["pid"] for p in self.state().get("processes", [])] + list(self._kwok_pids().values())
 
+    def process_pids(self) -> dict[str, int]:
+        """name -> pid of every process of the cluster: the control plane kwokctl runs and drills' own."""
+        return {**self._kwok_pids(), **{p["name"]: p["pid"] for p in self.state().get("processes", [])}}
+
     # --- status ---------------------------------------------------------------------------------
     def status(self) -> dict:
         st = self.state()

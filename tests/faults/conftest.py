@@ -3,6 +3,7 @@ before, a watch that names the drill's phases, availability holds that make a ph
 as child processes) and the checks every case ends with."""
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -103,9 +104,16 @@ class Stage:
         return w.wait(what, pred, timeout, drill=drill)
 
     # --- the end of every case --------------------------------------------------------------------------------
-    def assert_restored(self, timeout: float = 180) -> None:
+    def assert_restored(self, timeout: float = 180, replicas: int | None = None) -> None:
+        """The target as before the drill; ``replicas``: as before but at the size another writer set (its
+        change kept, every count of the status at it)."""
         self.release()
-        assert_restored(self.kube, self.ns, self.name, self.before, timeout)
+        want = copy.deepcopy(self.before)
+        if replicas is not None:
+            want["spec"]["replicas"] = replicas
+            want["status"].update({k: replicas for k in ("replicas", "updatedReplicas", "readyReplicas",
+                                                         "availableReplicas")})
+        assert_restored(self.kube, self.ns, self.name, want, timeout)
         assert not lease_of(self.kube, self.ns, self.name), "the lease must be gone after a restore"
 
     def rows(self) -> list[dict]:

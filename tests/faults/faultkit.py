@@ -224,12 +224,19 @@ def restart_control_plane(cluster, name: str, while_down=None) -> int:
     if while_down is not None:
         while_down()
     kdir = cluster.kwok_workdir / "clusters" / cluster.name
-    new = _respawn(argv, env, cwd, kdir / "logs" / f"{name}.log")
-    (kdir / "pids" / f"{name}.pid").write_text(str(new))
-    if name == "kube-apiserver":
-        until("the restarted kube-apiserver to answer /readyz", lambda: cluster._api_ready(timeout=1), timeout=120,
-              interval=0.1)
-    return new
+    started = [_respawn(argv, env, cwd, kdir / "logs" / f"{name}.log")]
+
+    def up() -> bool:
+        # as a supervisor does: a start that exits at once (its port still held by the killed process's
+        # connections, "address already in use") is started again
+        if not pid_alive(started[-1]):
+            started.append(_respawn(argv, env, cwd, kdir / "logs" / f"{name}.log"))
+            return False
+        return name != "kube-apiserver" or cluster._api_ready(timeout=1)
+    until(f"the restarted {name} to run" + (" and answer /readyz" if name == "kube-apiserver" else ""), up,
+          timeout=120, interval=0.2, describe=lambda _: f"{len(started)} start(s)")
+    (kdir / "pids" / f"{name}.pid").write_text(str(started[-1]))
+    return started[-1]
 
 
 def kill_registered(cluster, name: str) -> tuple[list[bytes], dict, str, dict]:
@@ -345,7 +352,7 @@ class ApiProxy:
                     break
                 self.flowing.wait()
                 dst.sendall(data)
-        except OSError:
+        except (OSError, ValueError):       # ValueError: a socket closed by cut() meanwhile (fd -1)
             pass
         finally:
             for s in (src, dst):
