@@ -39,6 +39,45 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+class CorruptBinary(RuntimeError):
+    """A built binary in the cache is not the one its build stamp recorded (truncated, overwritten)."""
+
+
+def check_built(binary: Path) -> str:
+    """The sha256 of a toolchain-built binary, checked against its build stamp (``BUILD.json`` beside it) before it
+    is run; CorruptBinary when they differ.  The hash is computed once per (size, mtime, inode) of the file and
+    remembered beside the stamp (``.verified.json``): hashing 100 MB on every start costs a second."""
+    binary = Path(binary)
+    try:
+        want = json.loads((binary.parent / "BUILD.json").read_text())["binaries"][binary.name]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CorruptBinary(f"cached binary {binary} has no build stamp with its sha256 ({binary.parent / 'BUILD.json'}); "
+                            f"it is not run") from None
+    st = binary.stat()
+    seen = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+    record = binary.parent / ".verified.json"
+    try:
+        known = json.loads(record.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if known.get(binary.name) == {**seen, "sha256": want}:
+        return want
+    got = sha256_file(binary)
+    if got != want:
+        raise CorruptBinary(f"cached binary {binary} is not the one built there (sha256 {got[:12]}, built as "
+                            f"{want[:12]}: truncated or overwritten); it is not run. Remove {binary.parent} and "
+                            f"run: drills toolchain build")
+    known = known if isinstance(known, dict) else {}
+    known[binary.name] = {**seen, "sha256": want}
+    tmp = record.with_name(f".verified.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, record)
+    except OSError:             # a read-only cache: checked again next time
+        pass
+    return want
+
+
 class Toolchain:
     """Builds components into the cache and tells where their files are."""
 
