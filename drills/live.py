@@ -299,8 +299,8 @@ def run_live(args, log=None) -> int:
             rc = 3
         except Exception as e:  # any failure: record it, restore, report
             log(f"live drill failed: {type(e).__name__}: {e}; restoring")
-            ledger.record("a", "error", "drill completed", "completed", f"{type(e).__name__}: {e}", INCONCLUSIVE,
-                          reason="the drill stopped before its evidence was complete")
+            _record_stop(ledger, log, "error", f"{type(e).__name__}: {e}",
+                         "the drill stopped before its evidence was complete")
             rc = 3
         finally:
             restored = _restore(drill, load, journal, api, guard, log)
@@ -310,6 +310,15 @@ def run_live(args, log=None) -> int:
     if restored != "done":
         return 1
     return 1 if 1 in (rc, code) else max(rc, code)
+
+
+def _record_stop(ledger: Ledger, log, step: str, observed: str, reason: str) -> None:
+    """The row of a drill that stopped; a ledger that cannot be written (a full disk) keeps it in memory, so the
+    exit code still says inconclusive, and the restore goes on."""
+    try:
+        ledger.record("a", step, "drill completed", "completed", observed, INCONCLUSIVE, reason=reason)
+    except OSError as e:
+        log(f"live drill: the ledger {ledger.path} could not record it ({e}); the run is inconclusive")
 
 
 def _restore(drill, load, journal: Journal, api, guard: SignalGuard, log) -> str:

@@ -316,11 +316,25 @@ class Journal:
                 pass
         with self.lock:
             self.data["holds"] = []
-            self._save()
+            unsaved = self._save_during_restore(log)
         deadline = time.monotonic() + timeout
         for key in list(self.data["rollouts"]):
             self._restore_one(api, key, deadline, log)
-        self.set_state("restored")
+        try:
+            self.set_state("restored")
+        except OSError as e:
+            if not unsaved:
+                log(f"restore: journal {self.path} could not be updated ({e}); the Rollout is restored regardless")
+
+    def _save_during_restore(self, log) -> bool:
+        """The journal saved while a restore runs; a journal that cannot be written (a full disk) does not stop the
+        restore: the target matters more than its record, and restoring again finds nothing left to do."""
+        try:
+            self._save()
+            return False
+        except OSError as e:
+            log(f"restore: journal {self.path} could not be updated ({e}); restoring the Rollout regardless")
+            return True
 
     def _restore_one(self, api, key: str, deadline: float, log) -> None:
         ns, name = key.split("/", 1)
