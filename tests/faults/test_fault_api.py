@@ -59,8 +59,9 @@ def _other(cluster, namespace: str) -> Rollouts:
     return Rollouts(new_client(cluster.kubeconfig, agent=OTHER_AGENT), namespace)
 
 
-def test_other_writer_changes_the_image_the_drill_stops_and_never_overwrites_it(stage, cluster):
-    """id other-writer-image-during-before: a deploy by someone else lands while BEFORE runs."""
+@pytest.mark.parametrize("phase", [pytest.param("before", id="other-writer-image-during-before")])
+def test_other_writer_changes_the_image_the_drill_stops_and_never_overwrites_it(stage, cluster, phase):
+    """A deploy by someone else lands while BEFORE runs."""
     s = stage()
     s.hold(s.d.hash_v1)
     drill = s.live()
@@ -90,8 +91,9 @@ def test_other_writer_changes_the_image_the_drill_stops_and_never_overwrites_it(
     s.assert_nothing_left()
 
 
-def test_other_writer_scales_the_drill_stops_restores_its_own_changes_only(stage, cluster):
-    """id other-writer-scale-during-after: replicas changed by someone else while AFTER runs on the cut steps."""
+@pytest.mark.parametrize("phase", [pytest.param("after", id="other-writer-scale-during-after")])
+def test_other_writer_scales_the_drill_stops_restores_its_own_changes_only(stage, cluster, phase):
+    """Replicas changed by someone else while AFTER runs on the cut steps."""
     s = stage()
     drill = s.live()
     s.reach("redeploy", drill)
@@ -108,8 +110,8 @@ def test_other_writer_scales_the_drill_stops_restores_its_own_changes_only(stage
 
 
 # --- two drills on one Rollout ----------------------------------------------------------------------------
-def test_second_drill_on_a_leased_rollout_is_refused_and_sends_nothing(stage, cluster):
-    """id second-drill-during-before."""
+@pytest.mark.parametrize("phase", [pytest.param("before", id="second-drill-during-before")])
+def test_second_drill_on_a_leased_rollout_is_refused_and_sends_nothing(stage, cluster, phase):
     s = stage()
     s.hold(s.d.hash_v1)
     first = s.live()
@@ -127,8 +129,9 @@ def test_second_drill_on_a_leased_rollout_is_refused_and_sends_nothing(stage, cl
     s.assert_nothing_left()
 
 
-def test_two_drills_started_together_exactly_one_runs(stage):
-    """id two-drills-during-preflight: both read the Rollout free of a lease; only one may take it."""
+@pytest.mark.parametrize("phase", [pytest.param("preflight", id="two-drills-during-preflight")])
+def test_two_drills_started_together_exactly_one_runs(stage, phase):
+    """Both read the Rollout free of a lease; only one may take it."""
     s = stage()
     a, b = s.live(), s.live()
     codes = sorted([a.wait(), b.wait()])

@@ -43,8 +43,8 @@ def _locust(drill) -> list[int]:
     return [pid for pid, (_, cmd) in drill.tree.items() if "-m locust" in cmd and pid_alive(pid)]
 
 
-def test_locust_killed_during_before(stage, service):
-    """id locust-killed-during-before."""
+@pytest.mark.parametrize("phase", [pytest.param("before", id="locust-killed-during-before")])
+def test_locust_killed_during_before(stage, service, phase):
     s = stage()
     s.hold(s.d.hash_v1)
     drill = s.live("--service-url", service)

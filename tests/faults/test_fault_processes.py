@@ -123,8 +123,8 @@ def _state_pids(cache: Path) -> list[int]:
     return out
 
 
-def test_truncated_user_built_controller_is_refused(controller_version, tmp_path):
-    """id truncated-controller-binary-before-run."""
+@pytest.mark.parametrize("phase", [pytest.param("run", id="truncated-controller-binary-before-run")])
+def test_truncated_user_built_controller_is_refused(controller_version, tmp_path, phase):
     real = config.cache_dir() / "rollouts" / controller_version
     binary = tmp_path / "rollouts-controller"
     shutil.copy2(real / "rollouts-controller", binary)

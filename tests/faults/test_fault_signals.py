@@ -3,33 +3,23 @@
 Live mode on the stand-in stage: the first SIGINT/SIGTERM stops the drill and restores (exit 3, the interrupted
 step's rows never `pass`); a second one abandons the restore (the lease and the journal stay, and the console names
 the journal), a third one is only noted; after SIGKILL the lease and the journal stay and `drills restore` finishes
-the restore.  A probe stopped by a signal removes its namespace and holds.  Holds on the stage's pods make a phase
+the restore (those: test_fault_sigkill).  A probe stopped by a signal removes its namespace and holds.  Holds on the stage's pods make a phase
 last until the case has acted (the stage's pods are slow to turn Ready), never a sleep."""
 from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
-from checks import World, lease_of
+from checks import World
 from faultkit import DrillProc
-from kubernetes import client
+from riding import phase_holds
 
 from drills import safety
 from drills.cluster.availability import Availability
-from drills.rollout import HASH_LABEL
 from drills.wait import until
 
 pytestmark = pytest.mark.single_version
-
-
-def _phase_holds(s, phase: str) -> None:
-    """Holds that make ``phase`` last until the case acts (placed before the drill reaches it)."""
-    if phase == "before":
-        s.hold(s.d.hash_v1)                   # the revived pods stay un-Ready: BEFORE waits for them
-    elif phase == "exit":
-        s.hold(s.d.hash_v1, period=3)         # one revived pod per 3 s: the exit's abort goes out at 1 of 2
 
 
 def _reach(s, drill, phase: str) -> None:
@@ -37,21 +27,6 @@ def _reach(s, drill, phase: str) -> None:
         s.reach("redeploy", drill)
         s.hold(s.d.hash_v1)
     s.reach(phase, drill)
-
-
-def _slow_stable(s) -> None:
-    """The stable revision's pods slow to return: one is deleted while held, so a restore (which waits for the
-    stable ReplicaSet Healthy) lasts until the case releases it."""
-    s.hold(s.d.hash_v2)
-    core = client.CoreV1Api(s.kube)
-    pod = core.list_namespaced_pod(s.ns, label_selector=f"{HASH_LABEL}={s.d.hash_v2}").items[0]
-    core.delete_namespaced_pod(pod.metadata.name, s.ns, grace_period_seconds=0)
-
-
-def _journal_named(drill) -> Path:
-    """The journal path the console named for `drills restore --journal`."""
-    line = next(x for x in drill.console.splitlines() if "drills restore --journal " in x)
-    return Path(line.split("drills restore --journal ", 1)[1].split()[0].rstrip(".;,"))
 
 
 @pytest.mark.parametrize("sig,phase,over", [
@@ -62,7 +37,7 @@ def _journal_named(drill) -> Path:
 ])
 def test_first_signal_stops_and_restores(stage, sig, phase, over):
     s = stage(**over)
-    _phase_holds(s, phase)
+    phase_holds(s, phase)
     drill = s.live()
     _reach(s, drill, phase)
     drill.send(sig)
@@ -73,64 +48,6 @@ def test_first_signal_stops_and_restores(stage, sig, phase, over):
     s.assert_no_pass_from(phase)
     assert any(r["verdict"] == "inconclusive" and sig.name in (r["reason"] or "") for r in s.rows()), s.rows()
     assert safety.Journal.load(next(s.reports.glob("*/journal.json"))).state == "restored"
-    s.assert_nothing_left()
-
-
-@pytest.mark.parametrize("third", [pytest.param(False, id="second-sigint-during-restore"),
-                                   pytest.param(True, id="third-sigint-during-abandon")])
-def test_second_signal_abandons_the_restore_third_is_noted(stage, third):
-    s = stage()
-    _phase_holds(s, "before")
-    drill = s.live()
-    s.reach("before", drill)
-    _slow_stable(s)
-    drill.send(signal.SIGINT)
-    drill.wait_line("restore: ")
-    drill.send(signal.SIGINT)
-    if third:                   # as a user hammering Ctrl-C: the third lands while the abandon is handled
-        drill.send(signal.SIGINT)
-    drill.wait_line("restore abandoned")
-    assert drill.wait() == 3, drill.tail()
-    assert "Traceback" not in drill.console, drill.tail()
-    lease = lease_of(s.kube, s.ns, s.name)
-    journal = _journal_named(drill)
-    assert lease.get("journal") == str(journal), (lease, drill.tail())
-    assert safety.Journal.load(journal).state == "abandoned"
-    s.assert_no_pass_from("before")
-    s.release()
-    r = s.restore(journal)
-    assert r.returncode == 0, r.stderr
-    s.assert_restored()
-    s.assert_nothing_left()
-
-
-@pytest.mark.parametrize("phase", [pytest.param("before", id="sigkill-during-before"),
-                                   pytest.param("exit", id="sigkill-during-exit"),
-                                   pytest.param("restore", id="sigkill-during-restore")])
-def test_sigkill_leaves_lease_and_journal_for_drills_restore(stage, phase):
-    s = stage()
-    _phase_holds(s, "exit" if phase == "exit" else "before")
-    drill = s.live()
-    if phase == "restore":
-        s.reach("before", drill)
-        _slow_stable(s)
-        drill.send(signal.SIGINT)
-        drill.wait_line("restore: ")
-    else:
-        s.reach(phase, drill)
-    drill.send(signal.SIGKILL)
-    assert drill.wait() == -signal.SIGKILL
-    lease = lease_of(s.kube, s.ns, s.name)
-    assert lease.get("journal"), "after kill -9 the lease stays and names the journal"
-    journal = Path(lease["journal"])
-    assert safety.Journal.load(journal).state == "open"
-    s.assert_no_pass_from("before" if phase == "restore" else phase)
-    s.release()
-    r = s.restore(journal)
-    assert r.returncode == 0, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    s.assert_restored()
-    assert safety.Journal.load(journal).state == "restored"
     s.assert_nothing_left()
 
 
