@@ -246,7 +246,7 @@ def cmd_probe(args) -> int:
             return EXIT_INCONCLUSIVE
         try:    # the cluster's processes watched: a probe without its controller or releaser stops at once
             st = cl.status()
-            with Watchdog(guard, [processes_alive(cl.process_pids())]):
+            with Watchdog(guard, [processes_alive(cl.probe_depends_on())]):
                 obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=st.get("audit_log"),
                                    release=args.release, rollback_timeout=args.rollback_timeout,
                                    controller_log=controller_log_of(st))

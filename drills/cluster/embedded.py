@@ -162,9 +162,13 @@ class EmbeddedCluster:
     def all_pids(self) -> list[int]:
         return [p["pid"] for p in self.state().get("processes", [])] + list(self._kwok_pids().values())
 
-    def process_pids(self) -> dict[str, int]:
-        """name -> pid of every process of the cluster: the control plane kwokctl runs and drills' own."""
-        return {**self._kwok_pids(), **{p["name"]: p["pid"] for p in self.state().get("processes", [])}}
+    def probe_depends_on(self) -> dict[str, int]:
+        """name -> pid of the processes a drill on this cluster cannot go on without: the control plane kwokctl
+        runs, the pod releaser and the rollouts controller (not the mesh emulators or Prometheus of other legs,
+        which come and go)."""
+        own = {p["name"]: p["pid"] for p in self.state().get("processes", [])
+               if p["name"] in ("releaser", "rollouts-controller")}
+        return {**self._kwok_pids(), **own}
 
     # --- status ---------------------------------------------------------------------------------
     def status(self) -> dict:
