@@ -294,8 +294,7 @@ def run_live(args, log=None) -> int:
                 LiveLaneA(ctx, drill, steps, cut, template_v1, load).run()
         except Interrupted as e:
             log(f"live drill {e}; restoring")
-            ledger.record("a", "interrupted", "drill completed", "completed", str(e), INCONCLUSIVE,
-                          reason=f"drill {e}")
+            _record_stop(ledger, log, "interrupted", str(e), f"drill {e}")
             rc = 3
         except Exception as e:  # any failure: record it, restore, report
             log(f"live drill failed: {type(e).__name__}: {e}; restoring")
