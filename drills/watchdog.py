@@ -122,6 +122,14 @@ def no_other_writer(api: client.ApiClient, namespace: str, name: str, journal, b
     return check
 
 
+def cluster_processes(status: dict) -> dict[str, int]:
+    """name -> pid of what a drill on an embedded cluster (its ``status()``) cannot go on without: the control
+    plane kwokctl runs, the pod releaser and the rollouts controller (not the mesh emulators or Prometheus of
+    other legs on the same cluster, which come and go)."""
+    return {p["name"]: p["pid"] for p in status.get("processes", [])
+            if p.get("managed_by") == "kwokctl" or p["name"] in ("releaser", "rollouts-controller")}
+
+
 def processes_alive(processes: dict[str, int]) -> Check:
     """One of the named processes (name -> pid) exited."""
     def check() -> str | None:
@@ -132,4 +140,4 @@ def processes_alive(processes: dict[str, int]) -> Check:
     return check
 
 
-__all__ = ["Watchdog", "api_answers", "no_other_writer", "processes_alive", "spec_changes"]
+__all__ = ["Watchdog", "api_answers", "cluster_processes", "no_other_writer", "processes_alive", "spec_changes"]

@@ -23,8 +23,7 @@ import yaml
 
 from .. import config
 from ..procs import free_port, listening_ports_of, pid_alive, port_in_use, terminate
-from ..toolchain import Toolchain, components_for
-from ..toolchain.build import CorruptBinary, check_built
+from ..toolchain import Toolchain, check_built, components_for
 from ..wait import WaitTimeout, until
 from .snapshot import SnapshotStore, snapshot_inputs, snapshot_key, stamped_sha256
 from .startup import (SENTINEL_NS, PhaseClock, create_sentinel, crds_served, install_crds, kwokctl_configuration,
@@ -162,14 +161,6 @@ class EmbeddedCluster:
     def all_pids(self) -> list[int]:
         return [p["pid"] for p in self.state().get("processes", [])] + list(self._kwok_pids().values())
 
-    def probe_depends_on(self) -> dict[str, int]:
-        """name -> pid of the processes a drill on this cluster cannot go on without: the control plane kwokctl
-        runs, the pod releaser and the rollouts controller (not the mesh emulators or Prometheus of other legs,
-        which come and go)."""
-        own = {p["name"]: p["pid"] for p in self.state().get("processes", [])
-               if p["name"] in ("releaser", "rollouts-controller")}
-        return {**self._kwok_pids(), **own}
-
     # --- status ---------------------------------------------------------------------------------
     def status(self) -> dict:
         st = self.state()
@@ -254,10 +245,7 @@ class EmbeddedCluster:
             if not Path(path).is_file() or not os.access(path, os.X_OK):
                 raise ClusterInputError(f"missing binary: {path} is not an executable file")
         if controller_binary == self.tc.rollouts_dir(version) / "rollouts-controller":
-            try:        # the cached release as built, never a truncated or overwritten copy under its name
-                check_built(controller_binary)
-            except CorruptBinary as e:
-                raise ClusterInputError(str(e)) from None
+            check_built(controller_binary)      # the release as built, never a truncated or overwritten copy
         t0 = time.monotonic()
         if crd_warning:
             self.log(f"cluster: warning: {crd_warning}")

@@ -17,6 +17,7 @@ from typing import Callable
 import yaml
 
 from .. import config
+from ..errors import BadInput
 
 from .components import (
     BuildError,
@@ -39,8 +40,8 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-class CorruptBinary(RuntimeError):
-    """A built binary in the cache is not the one its build stamp recorded (truncated, overwritten)."""
+class CorruptBinary(BadInput):
+    """A built binary in the cache is not the one its build stamp recorded (truncated, overwritten): refused, exit 2."""
 
 
 def check_built(binary: Path) -> str:
