@@ -36,6 +36,7 @@ from .toolchain import (
 from .toolchain.components import optional_components
 from .upgrade import changes_table
 from .upgrade_check import UPGRADE_FILE, upgrade_check, user_binary
+from .watchdog import Watchdog, cluster_processes, processes_alive
 
 MAX_PROBE_REPLICAS = 100
 DEFAULT_LIVE_B_S = 3600.0       # how long live lane B waits for the next deploy by default
@@ -243,11 +244,12 @@ def cmd_probe(args) -> int:
             guard.quiet()
             err(f"probe {e} before its Rollout existed")
             return EXIT_INCONCLUSIVE
-        try:
+        try:    # the cluster's processes watched: a probe without its controller or releaser stops at once
             st = cl.status()
-            obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=st.get("audit_log"),
-                               release=args.release, rollback_timeout=args.rollback_timeout,
-                               controller_log=controller_log_of(st))
+            with Watchdog(guard, [processes_alive(cluster_processes(st))]):
+                obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=st.get("audit_log"),
+                                   release=args.release, rollback_timeout=args.rollback_timeout,
+                                   controller_log=controller_log_of(st))
         except Interrupted as e:
             err(f"probe {e}; its namespace {ns} is removed; evidence so far: {out_dir}")
             return EXIT_INCONCLUSIVE

@@ -222,7 +222,10 @@ class Recording:
         return self.result
 
     def finish(self, extra: dict | None = None, stopped_early: str | None = None) -> Observation:
-        """Stop recording; the observation of the whole run (series file written beside the timeline)."""
+        """Stop recording once the Rollout watch caught up with the Rollout as it is now; the observation of the
+        whole run (series file written beside the timeline)."""
+        if self.result is None:
+            self.rec.catch_up()
         result = self.stop()
         d = timeline.derive(self.rec.records, self.drill.hash_v1, since_mark="rollback")
         obs = observation(self.label, d, result, self.path, self.write_series(d, extra), self.drill.hash_v1,
@@ -419,7 +422,7 @@ class DrillRollout:
     def cleanup(self) -> None:
         try:
             self.release_holds()
-        except ApiException:
+        except (ApiException, OSError):     # the journal's restore releases what is left (a full disk: OSError)
             pass
         if self._recording is not None and self._recording.running:
             try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -85,7 +86,17 @@ def read_durations(path: Path | None = None) -> dict[str, float]:
         if path:
             raise BadInput(f"--durations {p}: not a JSON object of leg id -> seconds")
         return {}
-    return {str(k): float(v) for k, v in data.items() if isinstance(v, (int, float)) and v > 0}
+    return {str(k): float(v) for k, v in data.items() if _seconds(v)}
+
+
+def _seconds(v) -> bool:
+    """A usable duration: a finite number of seconds above 0 (an integer too large for a float is not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v)) and v > 0
+    except OverflowError:
+        return False
 
 
 def record_duration(leg: Leg, seconds: float) -> None:

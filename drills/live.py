@@ -14,6 +14,7 @@ signals, and the lease stays on the Rollout until a restore finished.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 from dataclasses import dataclass
 
@@ -46,10 +47,11 @@ from .safety import (
     describe_lease,
     lease_value,
     restore_with_guard,
-    set_lease,
+    take_lease,
 )
 from .shapes import RolloutSpec
 from .steps import cut_final_full_weight, steps_text
+from .watchdog import Watchdog, api_answers, no_other_writer
 
 ARGOCD_TRACKING_ANNOTATIONS = ("argocd.argoproj.io/tracking-id",)
 # Argo CD tracks resources by a label; app.kubernetes.io/instance is its default tracking label
@@ -259,36 +261,45 @@ def run_live(args, log=None) -> int:
             print(f"dry-run: would {p}")
         return 0
     run_dir.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version)
     journal = Journal(run_dir / "journal.json", kubeconfig=target.kubeconfig, context=target.context, run_id=run_id)
+    journal.before_spec_change(ro)
+    try:        # the lease, taken only while nobody holds it (another drill may have passed its preflight too)
+        take_lease(api, target.namespace, target.rollout, lease_value(run_id, journal.path))
+    except Refused:
+        shutil.rmtree(run_dir, ignore_errors=True)      # nothing was changed: no journal to keep
+        raise
+    except Exception as e:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise kube.unreachable(e, api, "taking the lease") from None
+    ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version)
     spec = RolloutSpec(steps=steps, replicas=ro["spec"].get("replicas", 1), name=target.rollout,
                        availability_control=False, rollback_via=args.rollback_via, container=app,
                        image_v1=image_v1, image_v2=image_v2)
     drill = DrillRollout(api, target.namespace, spec, run_dir / "live", journal=journal, log=log,
                          controller_version=version)
     drill.adopt(revived=pre["target"].metadata.labels.get(HASH_LABEL), stable=ro["status"]["stableRS"])
-    journal.before_spec_change(ro)
     rc = 0
     load = None
     with SignalGuard() as guard:
         restored = "not run"
         try:
-            set_lease(api, target.namespace, target.rollout, lease_value(run_id, journal.path))
             if target.service_url:
                 load = PhasedLoad(None, target.namespace, target.rollout, run_dir / "load", lane="a",
                                   url=target.service_url)
             ctx = LaneContext(api=api, namespace=target.namespace, evidence_dir=run_dir / "live", ledger=ledger,
                               version=version, variant="live", log=log)
-            LiveLaneA(ctx, drill, steps, cut, template_v1, load).run()
+            # stops the drill when the API stops answering or someone else changes the Rollout meanwhile
+            with Watchdog(guard, [api_answers(api), no_other_writer(api, target.namespace, target.rollout, journal,
+                                                                    ro["spec"])]):
+                LiveLaneA(ctx, drill, steps, cut, template_v1, load).run()
         except Interrupted as e:
             log(f"live drill {e}; restoring")
-            ledger.record("a", "interrupted", "drill completed", "completed", str(e), INCONCLUSIVE,
-                          reason=f"drill {e}")
+            _record_stop(ledger, log, "interrupted", str(e), f"drill {e}")
             rc = 3
         except Exception as e:  # any failure: record it, restore, report
             log(f"live drill failed: {type(e).__name__}: {e}; restoring")
-            ledger.record("a", "error", "drill completed", "completed", f"{type(e).__name__}: {e}", INCONCLUSIVE,
-                          reason="the drill stopped before its evidence was complete")
+            _record_stop(ledger, log, "error", f"{type(e).__name__}: {e}",
+                         "the drill stopped before its evidence was complete")
             rc = 3
         finally:
             restored = _restore(drill, load, journal, api, guard, log)
@@ -298,6 +309,15 @@ def run_live(args, log=None) -> int:
     if restored != "done":
         return 1
     return 1 if 1 in (rc, code) else max(rc, code)
+
+
+def _record_stop(ledger: Ledger, log, step: str, observed: str, reason: str) -> None:
+    """The row of a drill that stopped; a ledger that cannot be written (a full disk) keeps it in memory, so the
+    exit code still says inconclusive, and the restore goes on."""
+    try:
+        ledger.record("a", step, "drill completed", "completed", observed, INCONCLUSIVE, reason=reason)
+    except OSError as e:
+        log(f"live drill: the ledger {ledger.path} could not record it ({e}); the run is inconclusive")
 
 
 def _restore(drill, load, journal: Journal, api, guard: SignalGuard, log) -> str:

@@ -306,7 +306,8 @@ def record_phase_rows(ledger, lane: str, step: str, stats: dict[str, dict], thre
     """Two ledger rows per phase: ``load.<phase>.failure_ratio`` and ``load.<phase>.p95_ms``.
 
     A phase with fewer than ``min_requests`` requests is ``inconclusive`` (too little evidence), never ``pass``.
-    A metric without a threshold anywhere is recorded ``unverified``.
+    A metric without a threshold anywhere is recorded ``unverified``.  A phase the load generator did not cover to
+    its end (``cut_short``: Locust exited) is ``inconclusive`` whatever its figures.
     """
     from .ledger import UNVERIFIED
     rows = []
@@ -319,7 +320,9 @@ def record_phase_rows(ledger, lane: str, step: str, stats: dict[str, dict], thre
             if emulated:
                 details["note"] = EMULATED_NOTE
             reason = None
-            if th is None:
+            if st.get("cut_short"):        # the load generator died during the phase: never pass, never a figure
+                verdict, expected, reason = INCONCLUSIVE, _expected_text(th) if th else None, st["cut_short"]
+            elif th is None:
                 verdict, expected = UNVERIFIED, None
             elif st["requests"] < min_requests or value is None:
                 verdict, expected = INCONCLUSIVE, _expected_text(th)

@@ -71,13 +71,30 @@ class PhasedLoad:
 
     def finish(self, ledger: Ledger, step: str, derived, phases_rel: dict) -> tuple[list[dict], dict]:
         hold_for(SETTLED_PHASE_S, "a little of the settled phase")
+        exited = self.run.proc.poll()     # Locust gone before the drill ended it: its records stop early
+        mesh_exited = self.mesh.proc.poll() if self.mesh is not None else None
         self.run.stop()
         to_wall = lambda t: derived.t0_wall + t  # noqa: E731
         phases = {k: (to_wall(a), to_wall(b)) for k, (a, b) in phases_rel.items() if a is not None and b is not None
                   and b > a}
         if "settled" in phases_rel and phases_rel["settled"][0] is not None:
             phases["settled"] = (to_wall(phases_rel["settled"][0]), self.run.ended_at)
-        stats = phase_stats(self.run.records(), phases)
+        records = self.run.records()
+        stats = phase_stats(records, phases)
+        if exited is not None:
+            last = max((r["t"] for r in records), default=self.run.started_at)
+            for name, (_, end) in phases.items():
+                if end > last + 1.0:
+                    stats[name]["cut_short"] = (f"Locust exited ({exited}) {max(0.0, end - last):.1f}s before phase "
+                                                f"{name} ended: the phase's load is not all recorded; log "
+                                                f"{self.run.log}")
+        if mesh_exited is not None:       # the emulated service died: from its first refused request on, the
+            refused = min((r["t"] for r in records if not r.get("code")), default=None)    # failures are ours
+            since = refused if refused is not None else max((r["t"] for r in records), default=self.run.started_at)
+            for name, (_, end) in phases.items():
+                if end > since:
+                    stats[name]["cut_short"] = (f"the mesh emulator exited ({mesh_exited}) during phase {name}: its "
+                                                f"failures are the harness's, not the Rollout's; log {self.mesh.log}")
         # thresholds are calibrated for the emulated mesh; against a live service the figures are recorded
         # as observations (`unverified`): what users saw, not a pass or fail of the drill
         thresholds = load_thresholds() if self.target == "embedded" else {}

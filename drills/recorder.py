@@ -33,6 +33,8 @@ from .timeline import ROUTE_KINDS, derive, series_path
 from .wait import WaitTimeout, until
 from .watching import ListWatch
 
+CATCH_UP_S = 10.0       # how long a finished recording waits for its Rollout watch to deliver the latest state
+
 
 class RecorderError(RuntimeError):
     """The recording could not start (a watch did not list in time, or failed)."""
@@ -278,6 +280,29 @@ class Recorder:
     def cut_connections(self) -> int:
         """Drop every watch connection (as a network fault would); the recorder must resume."""
         return sum(1 for lw in list(self.loops.values()) if lw.cut())
+
+    def catch_up(self, timeout: float = CATCH_UP_S) -> None:
+        """Until the Rollout watch delivered the Rollout as a read finds it now: a drill's own waits read the
+        API, its watch may lag behind them (a busy apiserver, a restarted controller's burst of writes), and a
+        recording stopped then would lack the end of the step.  Not delivered in time: the recording is
+        incomplete, never silently short."""
+        if self.stop_flag.is_set() or "Rollout" not in self.loops or self.failures:
+            return
+        try:
+            ro = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+                "argoproj.io", "v1alpha1", self.ns, "rollouts", self.rollout)
+        except Exception:       # gone or unreachable: the watches' own failures say what is missing
+            return
+        rv = ro["metadata"]["resourceVersion"]
+
+        def delivered() -> bool:
+            with self.lock:
+                return any(r["kind"] == "Rollout" and r["rv"] == rv for r in reversed(self.records))
+        try:
+            until(f"the Rollout watch to deliver resourceVersion {rv}", delivered, timeout=timeout, interval=0.05)
+        except WaitTimeout:
+            self.incomplete_reasons.append(f"the Rollout watch had not delivered the Rollout as read at the end "
+                                           f"(resourceVersion {rv}) within {timeout:.0f}s")
 
     def stop(self) -> dict:
         self.stop_flag.set()

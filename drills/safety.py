@@ -125,9 +125,25 @@ def describe_lease(value: str) -> str:
     return text
 
 
-def set_lease(api, namespace: str, name: str, value: str | None) -> None:
-    client.CustomObjectsApi(api).patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"annotations": {LEASE_ANNOTATION: value}}})
+def take_lease(api, namespace: str, name: str, value: str, attempts: int = 5) -> dict:
+    """Set the lease only while nobody holds it: the write carries the resourceVersion of the read that found the
+    Rollout free, so of two drills that both passed their preflight only one gets it.  Refused for the other."""
+    co = client.CustomObjectsApi(api)
+    for _ in range(attempts):
+        ro = co.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        held = (ro["metadata"].get("annotations") or {}).get(LEASE_ANNOTATION)
+        if held:
+            raise Refused(f"rollout {namespace}/{name} is held by another drill ({LEASE_ANNOTATION}: "
+                          f"{describe_lease(held)})")
+        body = {"metadata": {"resourceVersion": ro["metadata"]["resourceVersion"],
+                             "annotations": {LEASE_ANNOTATION: value}}}
+        try:
+            return co.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body)
+        except ApiException as e:
+            if e.status != 409:         # 409: it changed since the read; look again
+                raise
+    raise Refused(f"rollout {namespace}/{name} kept changing while the drill took its lease; nothing was changed, "
+                  f"try again")
 
 
 # --- the journal ----------------------------------------------------------------------------------------
@@ -300,11 +316,25 @@ class Journal:
                 pass
         with self.lock:
             self.data["holds"] = []
-            self._save()
+            unsaved = self._save_during_restore(log)
         deadline = time.monotonic() + timeout
         for key in list(self.data["rollouts"]):
             self._restore_one(api, key, deadline, log)
-        self.set_state("restored")
+        try:
+            self.set_state("restored")
+        except OSError as e:
+            if not unsaved:
+                log(f"restore: journal {self.path} could not be updated ({e}); the Rollout is restored regardless")
+
+    def _save_during_restore(self, log) -> bool:
+        """The journal saved while a restore runs; a journal that cannot be written (a full disk) does not stop the
+        restore: the target matters more than its record, and restoring again finds nothing left to do."""
+        try:
+            self._save()
+            return False
+        except OSError as e:
+            log(f"restore: journal {self.path} could not be updated ({e}); restoring the Rollout regardless")
+            return True
 
     def _restore_one(self, api, key: str, deadline: float, log) -> None:
         ns, name = key.split("/", 1)

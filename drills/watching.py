@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Callable
 
-from kubernetes import watch
 from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from .kube import transient
 
@@ -32,7 +32,7 @@ class ListWatch:
         self.resource_version: str | None = None
         self.reconnects = 0
         self.relists = 0
-        self._watch: watch.Watch | None = None
+        self._resp = None
 
     # --- control ----------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -41,10 +41,7 @@ class ListWatch:
 
     def cut(self) -> bool:
         """Drop the current watch connection (as a network fault would); the loop resumes by itself."""
-        w = self._watch
-        resp = getattr(w, "_resp", None) if w is not None else None
-        if w is not None:
-            w.stop()
+        resp = self._resp
         if resp is None:
             return False
         try:
@@ -101,17 +98,22 @@ class ListWatch:
         return False
 
     def _watch_once(self, on_event, deadline: float | None) -> bool:
+        """One watch request, its stream read here (the client's own stream handling fails on an ERROR event when
+        it does not deserialise: a 410 must reach the loop as a 410)."""
         seconds = self.timeout_seconds
         if deadline is not None:
             seconds = max(1, int(min(seconds, deadline - time.monotonic() + 1)))
-        w = watch.Watch()
-        self._watch = w
+        resp = self.list_fn(*self.args, watch=True, resource_version=self.resource_version,
+                            allow_watch_bookmarks=True, timeout_seconds=seconds, _preload_content=False,
+                            **self.kwargs)
+        self._resp = resp
         try:
-            for ev in w.stream(self.list_fn, *self.args, resource_version=self.resource_version,
-                               allow_watch_bookmarks=True, timeout_seconds=seconds, deserialize=False,
-                               **self.kwargs):
+            for line in iter_resp_lines(resp):
                 if self.stopped.is_set():
                     return False
+                if not line.strip():
+                    continue
+                ev = json.loads(line)
                 obj, kind = ev["object"], ev["type"]
                 if kind == "ERROR":
                     raise ApiException(status=obj.get("code"), reason=obj.get("message"))
@@ -123,8 +125,12 @@ class ListWatch:
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
         finally:
-            w.stop()
-            self._watch = None
+            self._resp = None
+            try:
+                resp.close()
+                resp.release_conn()
+            except Exception:
+                pass
         return False
 
 

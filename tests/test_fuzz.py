@@ -169,6 +169,37 @@ def test_kubeconfig_resolves_or_is_refused_naming_the_file(tmp_path_factory, doc
     assert kc == str(path) and ctx
 
 
+DURATION_CHARS = string.digits + ".msh " + "０１²½-+eE\t\n\x00"
+
+
+@given(st.one_of(st.text(alphabet=DURATION_CHARS, max_size=24), st.text(max_size=24)))
+def test_duration_parses_or_names_the_bad_text(text):
+    from drills.commands import _duration
+    try:
+        seconds = _duration(text)
+    except BadInput as e:
+        assert "--duration" in str(e) and repr(text) in str(e), (text, str(e))
+        return
+    assert 0 < seconds <= 7 * 24 * 3600
+
+
+durations_docs = st.one_of(json_docs, st.dictionaries(st.text(max_size=12), st.one_of(
+    st.integers(min_value=-10**400, max_value=10**400), st.floats(), st.booleans(), st.none(), st.text(max_size=4)),
+    max_size=6).map(lambda d: json.dumps(d)))
+
+
+@given(durations_docs)
+def test_durations_file_reads_or_is_refused_naming_the_file(tmp_path_factory, doc):
+    path = tmp_path_factory.mktemp("durations") / "durations.json"
+    path.write_text(doc)
+    try:
+        durations = legs.read_durations(path)
+    except BadInput as e:
+        assert str(path) in str(e)
+        return
+    assert all(isinstance(k, str) and isinstance(v, float) and 0 < v < float("inf") for k, v in durations.items())
+
+
 @pytest.mark.parametrize("args", [
     ["probe", "--steps", "5,,,pause:xs"], ["probe", "--steps", "5", "--hold", "-0"],
     ["run", "--shard", "2/1", "--plan"], ["run", "--lanes", "a,zz", "--plan"], ["watch", "-n", "x", "r", "--duration",

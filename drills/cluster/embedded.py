@@ -23,7 +23,7 @@ import yaml
 
 from .. import config
 from ..procs import free_port, listening_ports_of, pid_alive, port_in_use, terminate
-from ..toolchain import Toolchain, components_for
+from ..toolchain import Toolchain, check_built, components_for
 from ..wait import WaitTimeout, until
 from .snapshot import SnapshotStore, snapshot_inputs, snapshot_key, stamped_sha256
 from .startup import (SENTINEL_NS, PhaseClock, create_sentinel, crds_served, install_crds, kwokctl_configuration,
@@ -244,6 +244,8 @@ class EmbeddedCluster:
         for path in (controller_binary,):
             if not Path(path).is_file() or not os.access(path, os.X_OK):
                 raise ClusterInputError(f"missing binary: {path} is not an executable file")
+        if controller_binary == self.tc.rollouts_dir(version) / "rollouts-controller":
+            check_built(controller_binary)      # the release as built, never a truncated or overwritten copy
         t0 = time.monotonic()
         if crd_warning:
             self.log(f"cluster: warning: {crd_warning}")

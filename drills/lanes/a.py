@@ -193,8 +193,12 @@ def exit_rows(lane: Runbook, obs, ex: dict, res, partial_at_exit: bool, weight_a
 
     cap = ex["max_weight_until_available"]
     return [
+        # None: no Rollout status after promote --full in the recording, so nothing to judge (never a fail)
         lane.row("exit", label("promote --full clears abort"), False, ex["abort_after_promote_full"],
-                 verdict(ex["abort_after_promote_full"] is False), evidence=ev, reason=reason, **details),
+                 INCONCLUSIVE if ex["abort_after_promote_full"] is None and not reason
+                 else verdict(ex["abort_after_promote_full"] is False), evidence=ev,
+                 reason=reason or (None if ex["abort_after_promote_full"] is not None else
+                                   "the recording has no Rollout status after promote --full"), **details),
         lane.row("exit", label("weight never above its value at promote --full until the revived ReplicaSet is "
                                "fully available"),
                  f"<= {ex['weight_at_promote_full']}", cap,

@@ -17,6 +17,7 @@ from typing import Callable
 import yaml
 
 from .. import config
+from ..errors import BadInput
 
 from .components import (
     BuildError,
@@ -37,6 +38,45 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+class CorruptBinary(BadInput):
+    """A built binary in the cache is not the one its build stamp recorded (truncated, overwritten): refused, exit 2."""
+
+
+def check_built(binary: Path) -> str:
+    """The sha256 of a toolchain-built binary, checked against its build stamp (``BUILD.json`` beside it) before it
+    is run; CorruptBinary when they differ.  The hash is computed once per (size, mtime, inode) of the file and
+    remembered beside the stamp (``.verified.json``): hashing 100 MB on every start costs a second."""
+    binary = Path(binary)
+    try:
+        want = json.loads((binary.parent / "BUILD.json").read_text())["binaries"][binary.name]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CorruptBinary(f"cached binary {binary} has no build stamp with its sha256 ({binary.parent / 'BUILD.json'}); "
+                            f"it is not run") from None
+    st = binary.stat()
+    seen = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+    record = binary.parent / ".verified.json"
+    try:
+        known = json.loads(record.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if known.get(binary.name) == {**seen, "sha256": want}:
+        return want
+    got = sha256_file(binary)
+    if got != want:
+        raise CorruptBinary(f"cached binary {binary} is not the one built there (sha256 {got[:12]}, built as "
+                            f"{want[:12]}: truncated or overwritten); it is not run. Remove {binary.parent} and "
+                            f"run: drills toolchain build")
+    known = known if isinstance(known, dict) else {}
+    known[binary.name] = {**seen, "sha256": want}
+    tmp = record.with_name(f".verified.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps(known))
+        os.replace(tmp, record)
+    except OSError:             # a read-only cache: checked again next time
+        pass
+    return want
 
 
 class Toolchain:
