@@ -54,6 +54,12 @@ def cluster_name(version: str, versions: int = 2) -> str:
     return base if versions == 1 else f"{base}-{re.sub(r'[^a-z0-9]+', '-', version.lower()).strip('-')}"
 
 
+def say(message: str) -> None:
+    """One progress line on stderr, written whole: legs' threads log at once."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
 KEEP_LOG_BYTES = 2 << 20       # the last 2 MiB of each log
 
 
@@ -135,7 +141,7 @@ class Run:
     env: dict = field(default_factory=dict)
     binaries: dict[str, Binary] = field(default_factory=dict)    # leg label -> the user-built controller
     keep_cluster: bool = False
-    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)
+    log: Callable[[str], None] = lambda m: say(m)
 
     def __post_init__(self):
         self.run_id = self.run_dir.name
@@ -316,7 +322,7 @@ class Run:
 def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, env: dict | None = None,
         binaries: list[Binary] = (), keep_cluster: bool = False, meta: dict | None = None,
         log: Callable[[str], None] | None = None) -> tuple[int, Path, list[dict]]:
-    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    log = log or say
     run_dir = Path(run_dir or config.reports_dir() / new_run_id())
     run_dir.mkdir(parents=True, exist_ok=True)
     link_latest(run_dir)
