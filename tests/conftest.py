@@ -113,15 +113,6 @@ def write_kubeconfig(path: Path, server: str, context: str = "stage", user: dict
     return path
 
 
-# The longest file (every lane on every controller under test, then the upgrade check over that run) starts
-# first: pytest-xdist's --dist loadfile hands files out in collection order, and one left for the end would
-# run alone while the other workers idle.
-LONGEST_FIRST = ("test_lanes.py",)
-
-
-def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: 0 if item.path.name in LONGEST_FIRST else 1)     # stable: the rest keep order
-
 @pytest.fixture
 def kubeconfig_to():
     """write_kubeconfig(path, server, ...): a kubeconfig file for one of these servers."""
