@@ -156,3 +156,18 @@ def stage(kube, cluster, namespace, tmp_path, stage_rollout):
     yield make
     for s in made:
         s.close()
+
+
+# files whose faults hit the control plane itself (a restarted kube-apiserver, a paused etcd)
+CONTROL_PLANE_FAULTS = ("test_fault_apiserver.py", "test_fault_control_plane.py")
+
+
+@pytest.fixture(autouse=True)
+def fresh_controller_after_control_plane_faults(request, cluster):
+    """After a control-plane fault the worker's cluster serves the next tests: its rollouts-controller is started
+    again so they begin with fresh informers (a watch of the controller's that outlived a paused etcd delivered
+    a later test's Rollout update minutes late)."""
+    yield
+    if request.node.path.name in CONTROL_PLANE_FAULTS:
+        from faultkit import kill_registered, restart_registered
+        restart_registered(cluster, kill_registered(cluster, "rollouts-controller"))
