@@ -123,7 +123,10 @@ class Fleet:
         apps = []
         for doc in _compose(path):
             line = doc.start_mark.line + 1
-            data = yaml.safe_load(yaml.serialize(doc))
+            try:
+                data = yaml.safe_load(yaml.serialize(doc))
+            except yaml.YAMLError as e:       # composed, but not constructible (e.g. an unknown tag)
+                raise _yaml_error(path, e) from None
             try:
                 helm = data["spec"]["source"]["helm"]
                 files_node = _walk(doc, ["spec", "source", "helm", "valueFiles"])
