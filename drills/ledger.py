@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -18,6 +19,17 @@ from .errors import BadInput, combine_exit_codes  # noqa: F401  (combine_exit_co
 
 PASS, FAIL, INCONCLUSIVE, UNVERIFIED, NOT_APPLICABLE = "pass", "fail", "inconclusive", "unverified", "not_applicable"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, UNVERIFIED, NOT_APPLICABLE)
+
+
+def finite_number(v) -> float | None:
+    """A row's value as a finite float; None for booleans, missing and non-numeric values."""
+    if isinstance(v, bool) or v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
 
 
 def new_run_id() -> str:

@@ -20,7 +20,6 @@ Exit rule (DESIGN.md §6 precedence): 2 bad input > 1 something regressed > 3 a 
 from __future__ import annotations
 
 import fnmatch
-import math
 import re
 import string
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from . import config
-from .ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, VERDICTS
+from .ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, VERDICTS, finite_number
 
 SAME, IMPROVED, REGRESSED, CHANGED, NEW, GONE = "same", "improved", "regressed", "changed", "new", "gone"
 INCONCLUSIVE_PAIR = "inconclusive"
@@ -175,15 +174,6 @@ def _index(rows, side: str) -> dict[tuple, dict]:
     return {k: v[1] for k, v in out.items()}
 
 
-def _num(v) -> float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
 
 def _field(row: dict, dotted: str):
     cur = row
@@ -237,7 +227,7 @@ def _verdict_class(b: dict, c: dict) -> tuple[str, str]:
 
 
 def _lower_class(b: dict, c: dict, d: Declaration) -> tuple[str, str]:
-    ob, oc = _num(b.get("observed")), _num(c.get("observed"))
+    ob, oc = finite_number(b.get("observed")), finite_number(c.get("observed"))
     if ob is None or oc is None:
         return _verdict_class(b, c)
     diff = oc - ob

@@ -24,7 +24,7 @@ from .. import branches, timeline
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..config import version_tuple
 from ..kit import REASON_INCOMPLETE, DrillRollout, Observation
-from ..ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED
+from ..ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, finite_number
 from ..rollout import Predicate, healthy, paused
 from ..shapes import RolloutSpec
 from ..steps import last_set_weight, steps_text
@@ -298,7 +298,7 @@ class LaneOrder(Runbook):
             for (cv, s, a), r in sorted(cells.items()):
                 if cv != v or s != STEP_HAZARD or r.get("verdict") == NOT_APPLICABLE:
                     continue
-                obs, last = _num(r.get("observed")), _num((r.get("details") or {}).get("last_rung", r.get("expected")))
+                obs, last = finite_number(r.get("observed")), finite_number((r.get("details") or {}).get("last_rung", r.get("expected")))
                 if obs is not None and last is not None and obs > last:
                     callouts.append(f"{v}: the prescription no longer keeps the weight at the last rung — {a}: "
                                     f"observed {r.get('observed')} > last rung {last:g} (verdict {r.get('verdict')}, "
@@ -309,15 +309,6 @@ class LaneOrder(Runbook):
                  "rows": rows, "callouts": callouts,
                  "note": "Lines are read from each version's own rollout/trafficrouting.go."}]
 
-
-def _num(v) -> float | None:
-    if isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
 
 
 def _version_key(v: str):
