@@ -11,6 +11,19 @@ from pathlib import Path
 from .wait import WaitTimeout, until
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """For ``preexec_fn``: the child gets SIGKILL when the process that started it exits (Linux prctl), so a
+    helper the product started never outlives it, whatever way it ends (SIGKILL included)."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

@@ -6,10 +6,12 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -18,7 +20,9 @@ import yaml
 
 from .. import config
 from ..errors import BadInput
-
+from ..procs import die_with_parent
+from ..wait import until
+from .modsource import ModuleUnavailable, go_env, module_source
 from .components import (
     BuildError,
     Component,
@@ -30,6 +34,28 @@ from .components import (
     user_built_component,
     wrapper_gomod,
 )
+
+
+WAIT_PROGRESS_S = 30.0             # a progress line this often while another process builds what is needed
+LOCK_POLL_S = 0.5
+LOCK_WAIT_TIMEOUT_S = 4 * 3600.0   # another process's build of every component, cold, on a slow machine
+GO_COMMAND_TIMEOUT_S = 3600.0      # one go command of a build (the Kubernetes apiserver takes minutes, not hours)
+# (component, seconds) of every wait for another process's build in this process, for whoever reports them (the
+# test session lists the tests that waited)
+WAITS: list[tuple[str, float]] = []
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait(30)
+
+
+# no symbol table or DWARF in the built binaries: nothing here debugs them, and the linker then writes less for
+# the large Kubernetes and Argo Rollouts binaries (figures: benchmarks/bench_toolchain.py)
+LINK_FLAGS = ("-s", "-w")
 
 
 def sha256_file(path: Path) -> str:
@@ -108,76 +134,144 @@ class Toolchain:
     def rollouts_dir(self, version: str) -> Path:
         return self.root / "rollouts" / version
 
+    # --- getting a component: the one way (built here, or waited for while another process builds it) ---------
+    def get(self, comp: Component) -> Path:
+        """The component's folder, built first when it is not (or waited for while another process of this
+        machine builds it, with a progress line).  Every user of a built file goes through here."""
+        self.ensure([comp])
+        return self.dir(comp)
+
+    def rollouts(self, version: str) -> Path:
+        """The folder of the built Argo Rollouts release ``version``: rollouts-controller, kubectl-argo-rollouts,
+        crds/, source/."""
+        return self.get(rollouts_component(version))
+
+    def controller(self, version: str) -> Path:
+        return self.rollouts(version) / "rollouts-controller"
+
+    def component(self, name: str) -> Path:
+        """The folder of a base or optional component by name (kubernetes, kwok, etcd, helm, istio-crds, registry,
+        prometheus), built first if need be."""
+        known = {c.name: c for c in components_for([], list(optional_components()))}
+        if name not in known:
+            raise KeyError(f"unknown component {name!r} (known: {', '.join(known)})")
+        return self.get(known[name])
+
+    def kubernetes(self, binary: str) -> Path:
+        """A Kubernetes binary (kube-apiserver, kubectl, ...), built first if need be."""
+        return self.component("kubernetes") / binary
+
     # --- building ---------------------------------------------------------------------------
     def ensure(self, comps: list[Component]) -> None:
-        """Build what is missing.  A file lock per component makes concurrent builders on one cache safe: the
-        second waits for the first (saying so) and then finds the component built."""
+        """Build what is missing, one component at a time per cache.
+
+        Two locks keep concurrent processes on one cache apart: a lock per component (whoever holds it builds
+        that component; the others wait for it, saying so, and then find it built), and one build slot per
+        cache, held only while go commands run, so that two builds never split a small machine's cores between
+        them (the same total work, each finishing later).  The slot is never held while waiting for a
+        component's lock, so the two cannot deadlock."""
         todo = [c for c in comps if not self.is_built(c)]
         if not todo:
             return
         require_go()
         self.log(f"toolchain: {len(todo)} component(s) to build: {', '.join(c.key for c in todo)}")
         for i, comp in enumerate(todo, 1):
-            with self._locked(comp):
+            with self._lock(self._lock_path(comp.key), f"{comp.key} is being built by another process",
+                            what=comp.key):
                 if self.is_built(comp):
                     self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} was built meanwhile")
                     continue
-                self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} ...")
-                t0 = time.monotonic()
-                self.build(comp)
-                self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} built in {time.monotonic() - t0:.0f}s")
+                with self._lock(self._lock_path("build-slot"), "another component is being built on this "
+                                                                f"cache; {comp.key} builds after it", what=comp.key):
+                    self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} ...")
+                    t0 = time.monotonic()
+                    self.build(comp)
+                    self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} built in {time.monotonic() - t0:.0f}s")
+
+    def _lock_path(self, key: str) -> Path:
+        return self.root / "locks" / f"{re.sub(r'[^A-Za-z0-9.]+', '-', key)}.lock"
 
     @contextmanager
-    def _locked(self, comp: Component):
-        path = self.root / "locks" / f"{re.sub(r'[^A-Za-z0-9.]+', '-', comp.key)}.lock"
+    def _lock(self, path: Path, busy: str, what: str | None = None):
+        """flock ``path``; while another process holds it, a progress line every WAIT_PROGRESS_S naming the holder
+        (the lock file says who: pid, what, since when)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as fh:
+        with open(path, "a+") as fh:
+            t0 = time.monotonic()
+            said: list = [None]
+
+            def taken() -> bool:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return True
+                except BlockingIOError:
+                    now = time.monotonic()
+                    if said[0] is None or now - said[0] >= WAIT_PROGRESS_S:
+                        fh.seek(0)
+                        holder = fh.read(400).strip()
+                        self.log(f"toolchain: {busy}" + (f" ({holder})" if holder else "") +
+                                 (f"; waiting {now - t0:.0f}s" if said[0] is not None else "; waiting for it"))
+                        said[0] = now
+                    return False
+            until(f"the lock {path.name} (a build by another process)", taken, timeout=LOCK_WAIT_TIMEOUT_S,
+                  interval=LOCK_POLL_S)
+            if said[0] is not None:
+                WAITS.append((what or path.stem, round(time.monotonic() - t0, 1)))
             try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                self.log(f"toolchain: {comp.key} is being built by another process; waiting for it")
-                fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(f"pid {os.getpid()}, {what or path.stem}, since "
+                         f"{time.strftime('%H:%M:%S', time.localtime())}")
+                fh.flush()
                 yield
             finally:
+                fh.seek(0)
+                fh.truncate()
+                fh.flush()
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def _env(self, comp: Component) -> dict:
-        env = dict(os.environ)
-        env["GOTOOLCHAIN"] = comp.gotoolchain or "local"
-        env["GOFLAGS"] = "-mod=mod -buildvcs=false"
-        env.setdefault("CGO_ENABLED", "0")
-        return env
-
-    def _run(self, comp: Component, args: list[str], cwd: Path, logf, what: str, progress: bool = False) -> str:
-        logf.write(f"$ {' '.join(args)}\n")
+    def _run(self, comp: Component, args: list[str], cwd: Path, logf, what: str, progress: bool = False,
+             gotoolchain: str = "local") -> str:
+        logf.write(f"$ GOTOOLCHAIN={gotoolchain} {' '.join(args)}\n")
         logf.flush()
-        proc = subprocess.Popen(args, cwd=cwd, env=self._env(comp), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        out: list[str] = []
+        proc = subprocess.Popen(args, cwd=cwd, env=go_env(gotoolchain), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                preexec_fn=die_with_parent)
+        out: deque[str] = deque(maxlen=200)
         t0 = time.monotonic()
         count = [0]
         stop = threading.Event()
+        timed_out = threading.Event()
 
         def ticker():
             while not stop.wait(20):
-                self.log(f"toolchain:   {comp.key} {what}: {count[0]} packages, "
-                         f"{time.monotonic() - t0:.0f}s elapsed")
+                if time.monotonic() - t0 > GO_COMMAND_TIMEOUT_S:
+                    timed_out.set()
+                    _kill_group(proc)
+                    return
+                if progress:
+                    self.log(f"toolchain:   {comp.key} {what}: {count[0]} packages, "
+                             f"{time.monotonic() - t0:.0f}s elapsed")
 
-        th = threading.Thread(target=ticker, daemon=True)
-        if progress:
-            th.start()
+        threading.Thread(target=ticker, daemon=True).start()
         assert proc.stdout
-        for line in proc.stdout:
-            out.append(line)
-            logf.write(line)
-            if not line.startswith("#") and not line.startswith("go:"):
-                count[0] += 1
-        rc = proc.wait()
-        stop.set()
-        logf.flush()
+        try:
+            for line in proc.stdout:
+                out.append(line)
+                logf.write(line)
+                if not line.startswith("#") and not line.startswith("go:"):
+                    count[0] += 1
+            rc = proc.wait()
+        finally:                 # interrupted (a signal, an error): the go command and its compilers go too
+            stop.set()
+            if proc.poll() is None:
+                _kill_group(proc)
+            logf.flush()
+        if timed_out.is_set():
+            raise BuildError(f"building {comp.module}@{comp.version}: {what} did not finish within "
+                             f"{GO_COMMAND_TIMEOUT_S:.0f}s and was stopped (log {logf.name})")
         if rc != 0:
-            tail = "".join(out[-25:]).strip()
+            tail = "".join(list(out)[-25:]).strip()
             raise BuildError(f"building {comp.module}@{comp.version} failed ({what}, exit {rc}):\n{tail}")
         return "".join(out)
 
@@ -194,28 +288,24 @@ class Toolchain:
         t0 = time.monotonic()
         with open(logpath, "w") as logf:
             try:
-                raw = self._run(comp, ["go", "mod", "download", "-json", f"{comp.module}@{comp.version}"], work, logf,
-                                "download")
-            except BuildError as e:
+                info = module_source(comp.module, comp.version)
+            except ModuleUnavailable as e:
                 raise BuildError(f"{comp.module}@{comp.version} could not be downloaded from the Go module "
                                  f"proxy: {e}") from None
-            info = json.loads(raw[raw.index("{"):])
-            if info.get("Error"):
-                raise BuildError(f"{comp.module}@{comp.version}: {info['Error']}")
-            moddir = Path(info["Dir"])
-            target = parse_gomod(Path(info["GoMod"]).read_text())
+            gotoolchain = info.gotoolchain
+            logf.write(f"source {info.dir}; go.mod {info.gomod}; GOTOOLCHAIN={gotoolchain}\n")
+            moddir = info.dir
+            target = parse_gomod(info.gomod.read_text())
             built: dict[str, str] = {}
             if comp.binaries:
                 (work / "go.mod").write_text(wrapper_gomod(comp, target))
                 imports = "\n".join(f'\t_ "{p}"' for p in sorted(set(comp.binaries.values())))
                 (work / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
-                self._run(comp, ["go", "mod", "tidy"], work, logf, "go mod tidy")
+                self._run(comp, ["go", "mod", "tidy"], work, logf, "go mod tidy", gotoolchain=gotoolchain)
                 for out_name, pkg in comp.binaries.items():
-                    args = ["go", "build", "-v", "-trimpath", "-o", str(dest / out_name)]
-                    if comp.ldflags:
-                        args += ["-ldflags", " ".join(comp.ldflags)]
-                    args.append(pkg)
-                    self._run(comp, args, work, logf, f"go build {out_name}", progress=True)
+                    args = ["go", "build", "-v", "-trimpath", "-o", str(dest / out_name),
+                            "-ldflags", " ".join((*LINK_FLAGS, *comp.ldflags)), pkg]
+                    self._run(comp, args, work, logf, f"go build {out_name}", progress=True, gotoolchain=gotoolchain)
                     built[out_name] = sha256_file(dest / out_name)
             if comp.extra == "rollouts":
                 self._collect_rollouts(moddir, dest)
@@ -226,7 +316,7 @@ class Toolchain:
         stamp = {"module": comp.module, "version": comp.version, "binaries": built,
                  "build_seconds": round(time.monotonic() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                             time.gmtime()),
-                 "gotoolchain": comp.gotoolchain or "local", "log": str(logpath)}
+                 "gotoolchain": gotoolchain, "log": str(logpath)}
         self.stamp(comp).write_text(json.dumps(stamp, indent=2))
         shutil.rmtree(work, ignore_errors=True)
 
@@ -261,20 +351,18 @@ class Toolchain:
             raise BuildError(f"istio.io/api: expected VirtualService and DestinationRule CRDs, found {len(picked)}")
         (dest / "crds.yaml").write_text(yaml.safe_dump_all(picked, sort_keys=False))
 
-    def _module_dir(self, comp: Component) -> Path:
-        """The module's source in the Go module cache (downloaded from the proxy if need be)."""
-        r = subprocess.run(["go", "mod", "download", "-json", f"{comp.module}@{comp.version}"], capture_output=True,
-                           text=True, env=self._env(comp), timeout=600)
-        info = json.loads(r.stdout or "{}")
-        if not info.get("Dir"):
-            raise BuildError(f"{comp.module}@{comp.version}: {info.get('Error') or r.stderr.strip()}")
-        return Path(info["Dir"])
+    @staticmethod
+    def _module_dir(comp: Component) -> Path:
+        """The module's source in the Go module cache (downloaded from the proxy if need be, never built)."""
+        try:
+            return module_source(comp.module, comp.version).dir
+        except ModuleUnavailable as e:
+            raise BuildError(str(e)) from None
 
     def ensure_crds(self, version: str) -> Path:
         """The CRDs of a release, without building it (from its module)."""
-        built = self.rollouts_dir(version) / "crds"
-        if built.is_dir() and list(built.glob("*.yaml")):
-            return built
+        if self.is_built(rollouts_component(version)):       # its stamp is written after the CRDs are copied
+            return self.rollouts_dir(version) / "crds"
         dest = self.root / "rollouts-crds" / version
         if dest.is_dir() and list(dest.glob("*.yaml")):
             return dest

@@ -40,7 +40,6 @@ class Component:
     version: str                   # module version
     binaries: dict = field(default_factory=dict)   # output name -> package path
     ldflags: tuple = ()
-    gotoolchain: str | None = None
     extra: str | None = None       # post-build step: "rollouts", "kwok", "istio"
 
     @property
@@ -55,10 +54,6 @@ def _k8s_ldflags(v: str) -> tuple:
             f"-X {pkg}.gitTreeState=clean")
 
 
-def needs_newer_go(version: str) -> bool:
-    return config.version_tuple(version) >= (1, 9, 0)
-
-
 def rollouts_component(version: str) -> Component:
     bare = version.lstrip("v")
     return Component(
@@ -66,7 +61,6 @@ def rollouts_component(version: str) -> Component:
         binaries={"rollouts-controller": f"{config.ROLLOUTS_MODULE}/cmd/rollouts-controller",
                   "kubectl-argo-rollouts": f"{config.ROLLOUTS_MODULE}/cmd/kubectl-argo-rollouts"},
         ldflags=(f"-X {config.ROLLOUTS_MODULE}/utils/version.version={bare}",),
-        gotoolchain=config.NEWER_GO_TOOLCHAIN if needs_newer_go(version) else None,
         extra="rollouts",
     )
 
@@ -81,7 +75,7 @@ def user_built_component(release: str, reported: str) -> Component:
     return Component(
         name=f"rollouts-reporting-{reported}", module=base.module, version=release,
         binaries={"rollouts-controller": base.binaries["rollouts-controller"]},
-        ldflags=(f"-X {config.ROLLOUTS_MODULE}/utils/version.version={reported}",), gotoolchain=base.gotoolchain)
+        ldflags=(f"-X {config.ROLLOUTS_MODULE}/utils/version.version={reported}",))
 
 
 def base_components() -> list[Component]:
@@ -152,11 +146,15 @@ def _module_served(module: str, version: str) -> bool:
 
 
 def components_for(controllers: list[str], extras: list[str] = ()) -> list[Component]:
-    comps = base_components()
+    """What a cluster at these controller versions needs (and ``extras``), in the order a cold machine should build
+    them: the control plane and the first controller first (the first cluster can start then), helm next, then the
+    other controllers and the optional components."""
+    base = base_components()
     opt = optional_components()
-    comps += [opt[e] for e in extras]
-    comps += [rollouts_component(v) for v in controllers]
-    return comps
+    plane = [c for c in base if c.name != "helm"]
+    helm = [c for c in base if c.name == "helm"]
+    rollouts = [rollouts_component(v) for v in controllers]
+    return plane + rollouts[:1] + helm + rollouts[1:] + [opt[e] for e in extras]
 
 
 # ---------------------------------------------------------------------------------------------
