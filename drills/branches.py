@@ -15,10 +15,7 @@ holding trafficrouting.go, or the file itself); without it its rows say ``lines 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import re
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -122,18 +119,18 @@ def source_file(source: Path) -> Path:
 
 
 def release_source(version: str) -> Path:
-    """trafficrouting.go of a release: the toolchain's copy, else the Go module cache."""
-    from . import config
+    """trafficrouting.go of a release: the toolchain's copy beside a built controller, else the module's source
+    (downloaded under the toolchain's Go rule, never built).  SourceMapError when neither can be had."""
     from .toolchain import Toolchain
-    copy = Toolchain().rollouts_dir(version) / "source" / "trafficrouting.go"
-    if copy.is_file():
-        return copy
-    r = subprocess.run(["go", "mod", "download", "-json", f"{config.ROLLOUTS_MODULE}@{version}"],
-                       capture_output=True, text=True, timeout=600, env=dict(os.environ, GOFLAGS="-mod=mod"))
-    info = json.loads(r.stdout or "{}")
-    if not info.get("Dir"):
-        raise SourceMapError(f"{config.ROLLOUTS_MODULE}@{version}: {info.get('Error') or r.stderr.strip()}")
-    return Path(info["Dir"]) / "rollout" / "trafficrouting.go"
+    from .toolchain.components import rollouts_component
+    from .toolchain.modsource import ModuleUnavailable, rollouts_source
+    tc = Toolchain()
+    if tc.is_built(rollouts_component(version)):        # its stamp is written after the copy
+        return tc.rollouts_dir(version) / "source" / "trafficrouting.go"
+    try:
+        return rollouts_source(version).dir / "rollout" / "trafficrouting.go"
+    except ModuleUnavailable as e:
+        raise SourceMapError(str(e)) from None
 
 
 def branch_map_for(version: str, user_built: bool = False, source: str | Path | None = None) -> BranchMap | None:

@@ -252,3 +252,62 @@ def test_lint_points_at_the_offending_step(facts):
 def test_fix_wave(facts, version, routing, steps, replicas, min_pods, rpt, expected):
     ro = spec(steps, replicas, min_pods, routing, rpt)
     assert wave(ro, predict(ro, facts[version]), facts[version]) == expected
+
+
+# --- a machine with empty caches (a CI lint job, a laptop): the sources are downloaded, never built ------------
+_ONE = """apiVersion: argoproj.io/v1alpha1
+kind: Rollout
+metadata: {name: svc, namespace: ns}
+spec:
+  replicas: 2
+  rollbackWindow: {revisions: 3}
+  strategy:
+    canary:
+      minPodsPerReplicaSet: 1
+      steps: [{setWeight: 5}, {pause: {duration: 10s}}, {setWeight: 100}]
+      trafficRouting:
+        istio:
+          virtualService: {name: svc, routes: [primary]}
+          destinationRule: {name: svc, canarySubsetName: canary, stableSubsetName: stable}
+"""
+
+
+def _scan_empty_caches(tmp_path: Path, versions: str, as_json: bool = True, **env) -> subprocess.CompletedProcess:
+    import os
+    (tmp_path / "ro.yaml").write_text(_ONE)
+    e = dict(os.environ, GOMODCACHE=str(tmp_path / "gomod"), GOCACHE=str(tmp_path / "gocache"),
+             DRILLS_CACHE=str(tmp_path / "drills-cache"), **env)
+    return subprocess.run([sys.executable, "-m", "drills", "scan", str(tmp_path / "ro.yaml"), "--controller", versions,
+                           *(["--json"] if as_json else [])], capture_output=True, text=True, timeout=900, env=e,
+                          cwd=str(tmp_path))
+
+
+def test_scan_on_empty_caches_names_every_source_line_of_versions_that_need_a_newer_go(tmp_path):
+    """v1.9.3 and v1.10.2 ask for a newer Go than the machine's: their sources come through the same toolchain
+    rule as their builds (GOTOOLCHAIN), and nothing is built (no binary in the drills cache)."""
+    r = _scan_empty_caches(tmp_path, "v1.9.3,v1.10.2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["sources_unreadable"] == {}
+    assert {f["version"]: f["derived_from"].startswith("source ") for f in doc["controller_facts"]} == \
+        {"v1.9.3": True, "v1.10.2": True}
+    assert {x["controller_version"] for x in doc["rollouts"]} == {"v1.9.3", "v1.10.2"}
+    for x in doc["rollouts"]:
+        assert x["source_lines"] == "from source" and x["rule"]["lines"], x
+        assert all(re.fullmatch(r"[\w/.]+\.go:\d+", ln) for ln in x["rule"]["lines"]), x["rule"]["lines"]
+    assert "line unknown" not in r.stdout
+    assert not (tmp_path / "drills-cache" / "rollouts").exists(), "reading a source built something"
+
+
+def test_scan_without_a_module_proxy_says_lines_unknown_once_and_on_every_row(tmp_path):
+    r = _scan_empty_caches(tmp_path, "v1.8.2,v1.10.2", GOPROXY="off")
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert set(doc["summary"]["sources_unreadable"]) == {"v1.8.2", "v1.10.2"}
+    assert all("GOPROXY=off" in why for why in doc["summary"]["sources_unreadable"].values()), doc["summary"]
+    assert [x["source_lines"] for x in doc["rollouts"]] == ["lines unknown", "lines unknown"]
+    # the table says it once per version, in its summary
+    t = _scan_empty_caches(tmp_path, "v1.8.2,v1.10.2", as_json=False, GOPROXY="off")
+    assert t.returncode == 0, t.stderr[-2000:]
+    said = [ln for ln in t.stdout.splitlines() if "its source could not be read" in ln]
+    assert len(said) == 2 and all("lines unknown" in ln for ln in said), t.stdout

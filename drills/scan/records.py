@@ -74,6 +74,8 @@ class Record:
             "canary_count": self.safe.get("canary_count"),
             "wave": self.wave, "wave_text": WAVES[self.wave],
             "facts_from": self.facts.derived_from if self.facts else None,
+            "source_lines": (None if self.facts is None else
+                             "lines unknown" if not self.facts.from_source else "from source"),
         }
 
 
@@ -94,6 +96,11 @@ def evaluate(ro: ScannedRollout, facts: VersionFacts | None, cache: dict | None 
 
 
 # --- the summary ---------------------------------------------------------------------------------------
+def unreadable_sources(records: list[Record]) -> dict[str, str]:
+    """Controller version -> why its source could not be read (its rows' lines are unknown)."""
+    return {r.facts.version: r.facts.derived_from for r in records if r.facts is not None and not r.facts.from_source}
+
+
 def summary(records: list[Record]) -> dict:
     by_version: dict = defaultdict(Counter)
     by_wave: dict = defaultdict(Counter)
@@ -111,6 +118,7 @@ def summary(records: list[Record]) -> dict:
         "by_version": {v: dict(c) for v, c in sorted(by_version.items(), key=lambda x: _vkey(x[0]))},
         "by_wave": {w: dict(sorted(c.items(), key=lambda x: _vkey(x[0]))) for w, c in sorted(by_wave.items())},
         "rules": dict(rules.most_common()),
+        "sources_unreadable": dict(sorted(unreadable_sources(records).items(), key=lambda x: _vkey(x[0]))),
     }
 
 
@@ -141,6 +149,8 @@ def table(records: list[Record], inventory: list | None = None, verification: li
     s = summary(records)
     out.append("")
     out.append(f"{s['rollouts']} Rollouts, {s['exposed']} exposed, {s['lint_errors']} with lint errors")
+    for v, why in s["sources_unreadable"].items():
+        out.append(f"  controller {v}: its source could not be read, so its rows say lines unknown ({why})")
     for v, c in s["by_version"].items():
         out.append(f"  controller {v}: {c.get('rollouts', 0)} Rollouts, {c.get('exposed', 0)} exposed")
     out.append("  fix waves (exposed components per wave and controller version):")

@@ -20,6 +20,7 @@ lines are unknown; ``derived_from`` says which.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -28,7 +29,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import config
-from ..branches import BACKWARD, END, MID, SourceMapError, find_branches, release_source
+from ..branches import BACKWARD, END, MID, SourceMapError, find_branches
+from ..errors import BadInput
+from ..toolchain.modsource import ModuleUnavailable, rollouts_source
 
 TR, CANARY, SYNC, RSC, ISTIO, TYPES, VALIDATION = (
     "rollout/trafficrouting.go", "rollout/canary.go", "rollout/sync.go", "utils/replicaset/canary.go",
@@ -81,6 +84,7 @@ FINDERS = {
 }
 CHAIN = {BACKWARD: "backward search: last setWeight before the index",
          MID: "mid-steps: GetCurrentSetWeight", END: "end of steps: MaxTrafficWeight"}
+NO_SOURCE = "release ranges (no source)"
 RELEASES_WITH = {"guard": (1, 8, 0), "rpt": (1, 9, 0), "stable_check": (1, 8, 1), "min_pods_capped": (1, 10, 0)}
 GUARD_DR_ONLY = ((1, 8, 3), (1, 8, 5))       # UpdateHash returns nil while delaying the DestinationRule switch
 
@@ -107,6 +111,10 @@ class VersionFacts:
     lines: dict = field(default_factory=dict)
     min_pods_capped: bool = False            # the minPodsPerReplicaSet floor is capped at spec.replicas
     guard_kind: str = "none"                 # blocking | dr-only | none
+
+    @property
+    def from_source(self) -> bool:
+        return self.derived_from.startswith("source ")
 
     def line(self, key: str) -> Line:
         if key in self.lines:
@@ -176,44 +184,69 @@ def facts_from_releases(version: str) -> VersionFacts:
     guard = v >= RELEASES_WITH["guard"] and not dr_only
     return VersionFacts(version=version, guard=guard, rpt=v >= RELEASES_WITH["rpt"],
                         cap=False, stable_check=v >= RELEASES_WITH["stable_check"],
-                        derived_from="release ranges (no source found)",
+                        derived_from=NO_SOURCE,
                         min_pods_capped=v >= RELEASES_WITH["min_pods_capped"],
                         guard_kind="blocking" if guard else ("dr-only" if dr_only else "none"))
 
 
 # --- locating a release's source ----------------------------------------------------------------------
-def _gomodcache() -> Path:
-    env = os.environ.get("GOMODCACHE")
-    if env:
-        return Path(env)
-    gopath = os.environ.get("GOPATH") or str(Path.home() / "go")
-    return Path(gopath.split(os.pathsep)[0]) / "pkg" / "mod"
-
-
 def module_dir(version: str, download: bool = True) -> Path | None:
-    """The module source of argo-rollouts@version: the module cache, else what drills.branches.release_source
-    downloads (`go mod download`)."""
-    cached = _gomodcache() / f"{config.ROLLOUTS_MODULE}@{version}"
-    if (cached / TR).is_file():
-        return cached
+    """The module source of argo-rollouts@version (downloaded from the module proxy under the toolchain's Go rule
+    when the module cache lacks it and ``download``), or None."""
+    return source_status(version, download)[0]
+
+
+def source_status(version: str, download: bool = True) -> tuple[Path | None, str | None]:
+    """(the module source, None) or (None, why it cannot be read)."""
     if not download:
-        return None
+        cached = _cached_module_dir(version)
+        return (cached, None) if cached else (None, "not in the Go module cache (no download asked for)")
     try:
-        root = release_source(version).parent.parent
-    except (SourceMapError, OSError, ValueError, subprocess.TimeoutExpired):
+        root = rollouts_source(version).dir
+    except (ModuleUnavailable, OSError, BadInput) as e:
+        return None, " ".join(str(e).split())[:300]
+    return (root, None) if (root / CANARY).is_file() else (None, f"{root}: no {CANARY}")
+
+
+def _cached_module_dir(version: str) -> Path | None:
+    try:
+        gomodcache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, timeout=60,
+                                    env=dict(os.environ, GOTOOLCHAIN="local")).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
         return None
-    return root if (root / CANARY).is_file() else None
+    cached = Path(gomodcache) / f"{config.ROLLOUTS_MODULE}@{version}" if gomodcache else None
+    return cached if cached and (cached / TR).is_file() else None
 
 
 @lru_cache(maxsize=None)
+def _facts_from_tree(version: str, root: str, digest: str) -> VersionFacts:
+    return facts_from_source(version, Path(root))
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for rel in (TR, CANARY, SYNC, RSC, ISTIO, TYPES, VALIDATION):
+        p = root / rel
+        try:
+            st = p.stat()
+            h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino};".encode())
+        except OSError:
+            h.update(f"{rel}:-;".encode())
+    return h.hexdigest()
+
+
 def facts_for(version: str, source: str | None = None, download: bool = True) -> VersionFacts:
-    """The facts of a release (its module source) or of a source tree (``source``)."""
+    """The facts of a release (its module source) or of a source tree (``source``), computed when asked for and
+    remembered under the source files' identity: never frozen before the source exists.  Without a readable
+    source the release ranges stand in, ``derived_from`` says why and every line is unknown."""
     if source:
-        return facts_from_source(version, Path(source))
-    root = module_dir(version, download)
+        return _facts_from_tree(version, str(source), _tree_digest(Path(source)))
+    root, why = source_status(version, download)
     if root is not None:
         try:
-            return facts_from_source(version, root)
-        except SourceMapError:
-            pass
-    return facts_from_releases(version)
+            return _facts_from_tree(version, str(root), _tree_digest(root))
+        except SourceMapError as e:
+            why = str(e)
+    facts = facts_from_releases(version)
+    facts.derived_from = f"{NO_SOURCE}: {why}"
+    return facts
