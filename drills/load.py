@@ -35,7 +35,13 @@ MAX_TOTAL_RPS = 200.0          # two cores also run etcd, the apiserver, kcm, kw
 DEFAULT_USERS = 10
 DEFAULT_RATE_PER_USER = 5.0
 DEFAULT_LOCUSTFILE = "drill_load.py"
-KILL_GRACE_S = 10.0
+KILL_GRACE_S = 10.0            # after its run time (or a SIGINT), how long Locust may take to write its stats
+TERM_GRACE_S = 5.0             # after SIGTERM, how long before SIGKILL
+# How a LoadRun ended (``stop_outcome``).  Every outcome keeps the per-request records (the locustfile writes each
+# one, line-buffered, when its response arrives): they are the evidence of every phase.  Locust's own final CSV,
+# HTML and JSON summaries exist only after EXITED or STOPPED.  After TERMINATED or KILLED the requests in flight at the stop
+# are nowhere, so the phase that was running then is cut short (``mark_cut_short``): inconclusive, never a figure.
+EXITED, STOPPED, TERMINATED, KILLED = "exited", "stopped", "terminated", "killed"
 PHASES = ("steady", "exposure", "settled", "exit")
 EMULATED_NOTE = ("load figures come from an emulated mesh (drills.mesh) on the embedded cluster; the drill "
                  "reproduces the weight in force, not the production pod arithmetic")
@@ -143,6 +149,8 @@ class LoadRun:
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, cwd=str(self.out), start_new_session=True)
         self.ended_at: float | None = None
+        self.stopped_at: float | None = None
+        self.stop_outcome: str | None = None
         self.killed = False
 
     @property
@@ -155,39 +163,45 @@ class LoadRun:
     def wait(self) -> int:
         try:
             rc = self.proc.wait(max(0.1, self.deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self._kill()
-            rc = self.proc.wait(5)
+            self.stop_outcome = self.stop_outcome or EXITED
+        except subprocess.TimeoutExpired:       # past its run time and the grace: not a clean end
+            return self.stop()
         return self._done(rc)
 
     def stop(self) -> int:
-        """End the run now (SIGINT lets Locust write its CSV/HTML), hard kill after a grace."""
-        if self.proc.poll() is None:
+        """End the run now: SIGINT (Locust stops its users and writes its CSV/HTML/JSON), after KILL_GRACE_S SIGTERM,
+        after TERM_GRACE_S SIGKILL.  ``stop_outcome`` says which ended it (see EXITED ... KILLED)."""
+        if self.proc.poll() is not None:
+            self.stop_outcome = self.stop_outcome or EXITED
+            return self._done(self.proc.returncode)
+        for sig, grace, outcome in ((signal.SIGINT, KILL_GRACE_S, STOPPED), (signal.SIGTERM, TERM_GRACE_S, TERMINATED),
+                                    (signal.SIGKILL, 30.0, KILLED)):
             try:
-                os.killpg(self.proc.pid, signal.SIGINT)
+                os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
             try:
-                rc = self.proc.wait(KILL_GRACE_S)
+                rc = self.proc.wait(grace)
             except subprocess.TimeoutExpired:
-                self._kill()
-                rc = self.proc.wait(5)
-        else:
-            rc = self.proc.returncode
-        return self._done(rc)
-
-    def _kill(self) -> None:
-        self.killed = True
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+                continue
+            self.stop_outcome = outcome
+            self.killed = outcome == KILLED
+            self.stopped_at = time.time()
+            return self._done(rc)
+        raise RuntimeError(f"Locust (pid {self.proc.pid}) did not exit even after SIGKILL; log {self.log}")
 
     def _done(self, rc: int) -> int:
         if self.ended_at is None:
             self.ended_at = time.time()
             self._logf.close()
         return rc
+
+    def summary_files(self) -> list[Path]:
+        """Locust's own final summaries: written at a clean end (EXITED, STOPPED).  After SIGTERM or SIGKILL there
+        are none (its CSV, rewritten every second while it runs, may be left stale; HTML and JSON never come)."""
+        if self.stop_outcome not in (EXITED, STOPPED):
+            return []
+        return [p for p in (self.out / f"{self.spec.name}_stats.csv", self.html, self.json) if p.is_file()]
 
     def records(self) -> list[dict]:
         return read_records(self.records_path)
@@ -216,6 +230,18 @@ def run_load(host: str, out_dir: Path, **kw) -> LoadRun:
     run = start_load(host, out_dir, **kw)
     run.wait()
     return run
+
+
+def mark_cut_short(stats: dict[str, dict], phases: dict[str, tuple[float, float]], run: LoadRun) -> None:
+    """A run that Locust did not end cleanly (SIGTERM or SIGKILL at the stop): the phases still open when the
+    signal came lose their requests in flight, so they are cut short (inconclusive, naming why)."""
+    if run.stop_outcome not in (TERMINATED, KILLED) or run.stopped_at is None:
+        return
+    for name, (_, end) in phases.items():
+        if name in stats and end > run.stopped_at - run.spec.request_timeout_s:
+            stats[name]["cut_short"] = (f"Locust did not stop on SIGINT within {KILL_GRACE_S:g}s and was "
+                                        f"{run.stop_outcome}: the requests in flight at the stop are not recorded; "
+                                        f"log {run.log}")
 
 
 def read_records(path: Path) -> list[dict]:

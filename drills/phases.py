@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import timeline
 from .ledger import Ledger
-from .load import load_thresholds, phase_stats, record_phase_rows, start_load
+from .load import load_thresholds, mark_cut_short, phase_stats, record_phase_rows, start_load
 from .mesh_server import MeshProcess
 from .wait import hold_for
 
@@ -81,6 +81,7 @@ class PhasedLoad:
             phases["settled"] = (to_wall(phases_rel["settled"][0]), self.run.ended_at)
         records = self.run.records()
         stats = phase_stats(records, phases)
+        mark_cut_short(stats, phases, self.run)
         if exited is not None:
             last = max((r["t"] for r in records), default=self.run.started_at)
             for name, (_, end) in phases.items():
