@@ -62,6 +62,33 @@ def pytest_configure(config):  # noqa: F811 (pytest names the argument)
     config.addinivalue_line("markers", "lane(name): the drill lane a test belongs to")
 
 
+# --- tests that waited for a build (a cold cache): said per test, and listed at the end of the session --------------
+_WAITS_REPORTED = [0]        # how many of drills.toolchain.build.WAITS earlier test phases reported
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    from .toolchain import build
+    outcome = yield
+    new = build.WAITS[_WAITS_REPORTED[0]:]
+    _WAITS_REPORTED[0] = len(build.WAITS)
+    if new:
+        report = outcome.get_result()
+        for key, seconds in new:
+            report.user_properties.append(("drills_build_wait", f"{key} {seconds:.0f}s ({call.when})"))
+            report.sections.append(("drills toolchain", f"waited {seconds:.0f}s for the build of {key} "
+                                                        f"({call.when})"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    waits = [(r.nodeid, v) for reports in terminalreporter.stats.values() for r in reports
+             if hasattr(r, "user_properties") for k, v in r.user_properties if k == "drills_build_wait"]
+    if waits:
+        terminalreporter.section("tests that waited for a toolchain build")
+        for nodeid, what in waits:
+            terminalreporter.write_line(f"{nodeid}: {what}")
+
+
 def _versions(pconfig) -> list[str]:
     spec = pconfig.getoption("--controller") or ",".join(settings.TEST_CONTROLLERS)
     return resolve_controller_versions(spec)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,8 +16,53 @@ from pathlib import Path
 import pytest
 import yaml
 
+from drills import config as settings
 from drills.kit import DrillRollout
+from drills.procs import die_with_parent
 from drills.shapes import RolloutSpec
+from drills.toolchain import Toolchain, components_for, resolve_controller_versions
+
+# --- a cold cache: the session builds its whole toolchain in the background from its first second ------------------
+# in the order the tests need it (the control plane and the first controller, then helm, the second controller,
+# the registry, Prometheus); a test that needs a component before it is built waits for it (drills.toolchain's
+# locks, one build at a time) and says so.  Off with DRILLS_BACKGROUND_BUILD=0.
+SESSION_EXTRAS = ("registry", "prometheus")
+_BUILDER: list[subprocess.Popen] = []     # ended with the session (and with the process, whatever way it ends)
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or os.environ.get("DRILLS_BACKGROUND_BUILD") == "0":
+        return              # an xdist worker: the controller process builds for the session
+    spec = config.getoption("--controller", None) or ",".join(settings.TEST_CONTROLLERS)
+    try:
+        versions = resolve_controller_versions(spec, check_served=False)
+    except Exception:        # a bad --controller is the tests' own error to report
+        return
+    tc = Toolchain()
+    todo = [c for c in components_for(versions, list(SESSION_EXTRAS)) if not tc.is_built(c)]
+    if not todo:
+        return
+    (tc.root / "logs").mkdir(parents=True, exist_ok=True)
+    log_path = tc.root / "logs" / f"session-build-{os.getpid()}.log"
+    log = open(log_path, "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "drills", "toolchain", "build", "--controller", ",".join(versions),
+                             "--extra", ",".join(SESSION_EXTRAS)], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+    log.close()
+    _BUILDER.append(proc)
+    print(f"drills: {len(todo)} toolchain component(s) to build ({', '.join(c.key for c in todo)}): building them in "
+          f"the background (log {log_path}); tests that need one first wait for it", file=sys.stderr, flush=True)
+
+
+def pytest_unconfigure(config):
+    for proc in _BUILDER:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
 
 
 class SilentServer:

@@ -30,7 +30,7 @@ class Pair:
     def __init__(self, kube, cluster, ns, version):
         self.ro = Rollouts(kube, ns)
         self.ns = ns
-        self.plugin = Toolchain().rollouts_dir(version) / "kubectl-argo-rollouts"
+        self.plugin = Toolchain().rollouts(version) / "kubectl-argo-rollouts"
         self.kubeconfig = str(cluster.kubeconfig)
         for name in ("by-drills", "by-plugin"):
             install(kube, ns, RolloutSpec(steps=[{"setWeight": 25}, {"pause": {}}, {"setWeight": 50}, {"pause": {}}],
@@ -120,7 +120,7 @@ def test_actions_match_the_plugin(kube, cluster, namespace, controller_version):
 
     # scale (kubectl scale goes through the scale subresource too)
     p.ro.scale("by-drills", 3)
-    kubectl = Toolchain().kube_bin("kubectl")
+    kubectl = Toolchain().kubernetes("kubectl")
     r = subprocess.run([str(kubectl), "--kubeconfig", p.kubeconfig, "-n", namespace, "scale", "rollout/by-plugin",
                         "--replicas=3"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -134,7 +134,7 @@ def test_binary_that_answers_version_but_does_not_run_is_bad_input(tmp_path):
 
 
 def test_bad_source_is_bad_input(tmp_path):
-    binary = Toolchain().rollouts_dir("v1.8.2") / "rollouts-controller"
+    binary = Toolchain().controller("v1.8.2")
     r = _drills("run", "--controller-binary", str(binary), "--source", str(tmp_path), "--lanes", "order",
                 env={"DRILLS_CLUSTER": BAD_CLUSTER, "DRILLS_REPORTS": str(tmp_path)})
     assert r.returncode == 2 and "no rollout/trafficrouting.go" in r.stderr, r.stderr
@@ -146,7 +146,7 @@ def test_bad_source_is_bad_input(tmp_path):
 
 # --- user-built controllers: a copied v1.8.2 binary run by path ------------------------------------
 def test_copied_controller_by_path_runs_lane_order_with_its_version_and_sha256(tmp_path):
-    src = Toolchain().rollouts_dir("v1.8.2")
+    src = Toolchain().rollouts("v1.8.2")
     copy = tmp_path / "bin" / "my-rollouts-controller"
     copy.parent.mkdir()
     shutil.copy2(src / "rollouts-controller", copy)

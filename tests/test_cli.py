@@ -36,6 +36,9 @@ def test_bad_input_exits_2(args, needle, tmp_path):
 
 def test_toolchain_list_shows_supported_and_built():
     import json
+    from drills.toolchain import Toolchain
+    for v in ("v1.8.2", "v1.10.2"):     # built here, or waited for while another process of the run builds them
+        Toolchain().rollouts(v)
     r = drills("toolchain", "list", "--json")
     assert r.returncode == 0
     rows = json.loads(r.stdout)

@@ -142,3 +142,24 @@ def test_every_supported_version_has_expectations_or_says_why_not(key):
 def test_fixtures_hold_data_only():
     code = [p for p in (config.project_root() / "fixtures").rglob("*.py") if "locustfiles" not in p.parts]
     assert code == []
+
+
+# a cached component's file read by path: the build may not have written it yet (a cold cache), or may be
+# writing it right now; Toolchain.get / .rollouts / .controller / .component / .kubernetes build it or wait
+_BY_PATH = re.compile(r"\.(rollouts_dir|kube_bin)\(|\.bin\(\s*[\"']|"
+                      r"cache_dir\(\)\s*/\s*[\"'](rollouts|kubernetes|kwok|etcd|helm|prometheus|registry|istio-crds)[\"']")
+
+
+def test_no_test_opens_a_cached_component_by_path():
+    root = config.project_root()
+    hits = [f"{p.relative_to(root)}:{i}: {line.strip()}"
+            for folder in ("tests", "lanes", "benchmarks") for p in (root / folder).rglob("*.py")
+            if p != Path(__file__).resolve() for i, line in enumerate(p.read_text().splitlines(), 1) if _BY_PATH.search(line)]
+    assert hits == [], "get the component through drills.toolchain.Toolchain (get, rollouts, controller, component):\n" \
+        + "\n".join(hits)
+
+
+def test_the_by_path_check_sees_a_path():
+    assert _BY_PATH.search('binary = Toolchain().rollouts_dir("v1.8.2") / "rollouts-controller"')
+    assert _BY_PATH.search('real = config.cache_dir() / "rollouts" / controller_version')
+    assert not _BY_PATH.search('binary = Toolchain().controller("v1.8.2")')

@@ -24,7 +24,7 @@ from drills.cluster.snapshot import SnapshotStore, copy_sparse, snapshot_inputs,
 from drills.cluster.startup import SENTINEL, SENTINEL_NS, kwokctl_configuration
 from drills.shapes import RolloutSpec, install
 from drills.rollout import Predicate, healthy, paused
-from drills.toolchain import Toolchain
+from drills.toolchain import Toolchain, components_for
 
 BASE = os.environ.get("DRILLS_CLUSTER") or config.EMBEDDED_CLUSTER_NAME
 
@@ -34,10 +34,11 @@ def _name(suffix: str) -> str:
 
 
 def _crd_files(tc: Toolchain, crds_dir: Path) -> list[Path]:
-    return sorted(crds_dir.glob("*.yaml")) + [tc.bin("istio-crds", config.ISTIO_API_VERSION, "crds.yaml")]
+    return sorted(crds_dir.glob("*.yaml")) + [tc.component("istio-crds") / "crds.yaml"]
 
 
 def _inputs(tc: Toolchain, crds_dir: Path, folder: Path, ports=(1, 2, 3, 4, 5)) -> dict:
+    tc.ensure([c for c in components_for([]) if c.name != "helm"])      # the control plane's binaries are hashed
     kc = kwokctl_configuration(tc, folder, list(ports), None)
     return snapshot_inputs(tc, _crd_files(tc, crds_dir), kc.stages, kc.audit_policy, kc.options, SENTINEL_NS, 2)
 
@@ -220,7 +221,7 @@ def test_warm_start_serves_established_crds_and_reconciles(controller_version):
         assert c.state()["snapshot"]["start"] == "warm"
         kube = c.api_client()
         tc = Toolchain()
-        names = {d["metadata"]["name"] for f in _crd_files(tc, tc.rollouts_dir(controller_version) / "crds")
+        names = {d["metadata"]["name"] for f in _crd_files(tc, tc.rollouts(controller_version) / "crds")
                  for d in yaml.safe_load_all(f.read_text()) if d and d.get("kind") == "CustomResourceDefinition"}
         crds = {x.metadata.name: x for x in client.ApiextensionsV1Api(kube).list_custom_resource_definition().items}
         assert names <= set(crds)

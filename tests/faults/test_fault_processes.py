@@ -18,9 +18,9 @@ import pytest
 from checks import World, cluster_whole
 from faultkit import PROJECT, DrillProc, kill_registered, restart_registered
 
-from drills import config
 from drills.cluster.availability import Availability
 from drills.procs import pid_alive
+from drills.toolchain import Toolchain, components_for
 from drills.wait import until
 
 pytestmark = pytest.mark.single_version
@@ -60,7 +60,9 @@ def test_cluster_process_killed_stops_the_probe(kube, cluster, controller_versio
 def _cache_with_corrupt_controller(tmp: Path, version: str, corrupt) -> Path:
     """A cache of its own: every built component linked from the real cache, ``rollouts/<version>`` a folder whose
     controller is a corrupted copy (``corrupt(path)``) beside the original build stamp."""
-    real = config.cache_dir()
+    tc = Toolchain()
+    tc.ensure(components_for([version]))       # built (or waited for) before the real cache is linked
+    real = tc.root
     cache = tmp / "cache"
     cache.mkdir()
     for entry in real.iterdir():
@@ -125,7 +127,7 @@ def _state_pids(cache: Path) -> list[int]:
 
 @pytest.mark.parametrize("phase", [pytest.param("run", id="truncated-controller-binary-before-run")])
 def test_truncated_user_built_controller_is_refused(controller_version, tmp_path, phase):
-    real = config.cache_dir() / "rollouts" / controller_version
+    real = Toolchain().rollouts(controller_version)
     binary = tmp_path / "rollouts-controller"
     shutil.copy2(real / "rollouts-controller", binary)
     _truncate(binary)
