@@ -6,6 +6,8 @@ TEST_CONTROLLERS ?= v1.8.2,v1.10.2
 # pytest-xdist workers for the framework's own tests (each with an embedded cluster of its own); the drills
 # themselves run in one of them, their legs in parallel (drills run's default -j)
 TEST_WORKERS ?= 3
+# more pytest arguments for the tests (e.g. --junitxml=FILE); the drills' own pytest runs never see them
+PYTEST_ARGS ?=
 
 .PHONY: drills test install toolchain
 
@@ -21,4 +23,4 @@ drills: install
 
 # The tests: the framework's own tests and the drills (every lane), on v1.8.2 and v1.10.2.
 test: install
-	$(PYTHON) -m pytest -p no:locust -q -rfE -n $(TEST_WORKERS) --dist loadfile --controller $(TEST_CONTROLLERS) tests
+	$(PYTHON) -m pytest -p no:locust -q -rfE -n $(TEST_WORKERS) --dist loadfile --controller $(TEST_CONTROLLERS) $(PYTEST_ARGS) tests

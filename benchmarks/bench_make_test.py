@@ -1,0 +1,122 @@
+"""`make test` wall time, cold (empty caches, as on a fresh machine) and warm, with the breakdown: when each
+toolchain component was built and how long it took, the slowest test files and tests, and the tests that waited
+for a build.
+
+    python benchmarks/bench_make_test.py --cold     # empty DRILLS_CACHE, GOMODCACHE, GOCACHE (temporary, removed)
+    python benchmarks/bench_make_test.py --warm     # this machine's caches as they are
+    python benchmarks/bench_make_test.py --cold --warm
+
+Targets (issue): cold <= 45 min, warm <= 15 min on the 2-core machine.  A figure, never a test.
+"""
+from __future__ import annotations
+
+import argparse
+import calendar
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+from drills import config
+
+ROOT = config.project_root()
+
+
+def _stamps(cache: Path) -> list[dict]:
+    out = []
+    for stamp in sorted(cache.glob("*/*/BUILD.json")):
+        data = json.loads(stamp.read_text())
+        end = calendar.timegm(time.strptime(data["built_at"], "%Y-%m-%dT%H:%M:%SZ"))
+        out.append({"component": f"{stamp.parent.parent.name}@{stamp.parent.name}",
+                    "seconds": data.get("build_seconds", 0.0), "end": end})
+    return out
+
+
+def _junit(path: Path) -> tuple[dict, list, dict]:
+    counts = defaultdict(int)
+    cases = []
+    if not path.is_file():
+        return counts, cases, {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        verdict = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                verdict = "failed"
+            elif child.tag == "skipped":
+                verdict = "skipped"
+        counts[verdict] += 1
+        cls = case.get("classname", "")
+        cases.append((float(case.get("time") or 0), cls, case.get("name", ""), verdict))
+    files = defaultdict(float)
+    for t, cls, _, _ in cases:
+        files[cls.rsplit(".", 1)[0] if "." in cls else cls] += t
+    return counts, cases, files
+
+
+def run(label: str, env: dict, cache: Path, workdir: Path) -> None:
+    junit = workdir / "junit.xml"
+    log = workdir / "make-test.log"
+    t0 = time.time()
+    with open(log, "w") as out:
+        rc = subprocess.call(["make", "test", f"PYTEST_ARGS=--junitxml={junit}"], cwd=ROOT, env=env, stdout=out,
+                             stderr=subprocess.STDOUT)
+    wall = time.time() - t0
+    counts, cases, files = _junit(junit)
+    print(f"== {label}: make test exit {rc}, wall {wall / 60:.1f} min ({wall:.0f} s); "
+          + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f"  [log {log}]")
+    stamps = [s for s in _stamps(cache) if s["end"] >= t0 - 1]
+    if stamps:
+        print("  toolchain built during the run (minutes since start: from -> to, build seconds):")
+        for s in sorted(stamps, key=lambda s: s["end"]):
+            start = s["end"] - s["seconds"] - t0
+            print(f"    {s['component']:<24} {start / 60:5.1f} -> {(s['end'] - t0) / 60:5.1f}  ({s['seconds']:6.1f} s)")
+    print("  slowest test files (sum of their tests' seconds; files run side by side on the workers):")
+    for f, t in sorted(files.items(), key=lambda x: -x[1])[:12]:
+        print(f"    {t:7.1f} s  {f}")
+    print("  slowest tests:")
+    for t, cls, name, verdict in sorted(cases, reverse=True)[:10]:
+        print(f"    {t:7.1f} s  {cls}::{name} ({verdict})")
+    lines = log.read_text(errors="replace").splitlines()
+    at = next((i for i, ln in enumerate(lines) if "tests that waited for a toolchain build" in ln), None)
+    if at is not None:
+        print("  tests that waited for a build:")
+        for ln in lines[at + 1:]:
+            if ln.startswith("=") or not ln.strip():
+                break
+            print(f"    {ln}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cold", action="store_true", help="empty caches (temporary folders, removed afterwards)")
+    ap.add_argument("--warm", action="store_true", help="this machine's caches")
+    ap.add_argument("--out", default=None, help="keep the logs and JUnit files here (default: a temporary folder)")
+    a = ap.parse_args()
+    if not (a.cold or a.warm):
+        ap.error("give --cold and/or --warm")
+    out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bench-make-test-"))
+    out.mkdir(parents=True, exist_ok=True)
+    if a.cold:
+        scratch = Path(tempfile.mkdtemp(prefix="drills-cold-"))
+        try:
+            env = dict(os.environ, DRILLS_CACHE=str(scratch / "drills"), GOMODCACHE=str(scratch / "gomod"),
+                       GOCACHE=str(scratch / "gocache"))
+            (out / "cold").mkdir(exist_ok=True)
+            run("cold (empty DRILLS_CACHE, GOMODCACHE, GOCACHE)", env, scratch / "drills", out / "cold")
+        finally:
+            subprocess.call(["chmod", "-R", "u+w", str(scratch)])
+            shutil.rmtree(scratch, ignore_errors=True)
+    if a.warm:
+        (out / "warm").mkdir(exist_ok=True)
+        run("warm (this machine's caches)", dict(os.environ), config.cache_dir(), out / "warm")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
