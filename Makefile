@@ -23,4 +23,4 @@ drills: install
 
 # The tests: the framework's own tests and the drills (every lane), on v1.8.2 and v1.10.2.
 test: install
-	$(PYTHON) -m pytest -p no:locust -q -rfE -n $(TEST_WORKERS) --dist loadfile --controller $(TEST_CONTROLLERS) $(PYTEST_ARGS) tests
+	$(PYTHON) -m pytest -p no:locust -q -rfE -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --controller $(TEST_CONTROLLERS) $(PYTEST_ARGS) tests

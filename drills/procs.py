@@ -58,6 +58,16 @@ def pid_alive(pid: int) -> bool:
     return False
 
 
+def process_age(pid: int) -> float:
+    """Seconds since the process started (from /proc: its start time in clock ticks since boot); 0 if unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+
+
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

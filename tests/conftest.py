@@ -284,3 +284,22 @@ def mutations_since(audit_log: str | Path, namespace: str, since: float) -> list
             if ts >= since:
                 out.append(ev)
     return out
+
+
+# --- the order the files are handed to the workers (make test: --dist loadfile --no-loadscope-reorder) --------------
+FIRST_FILES = ("tests/test_lanes.py",)      # the drills themselves: the longest file, run beside all the others
+
+
+@pytest.hookimpl(trylast=True)         # after pytest has grouped the items by their session-scoped parameters
+def pytest_collection_modifyitems(session, config, items):
+    """The longest file first, so that it runs beside the others instead of alone at the end; then the files that
+    need no embedded cluster (on a cold machine they run while the toolchain builds); then the rest, each group in
+    collection order."""
+    def path(item) -> str:
+        return item.nodeid.split("::", 1)[0]
+    needs_cluster = {path(i) for i in items if "cluster" in getattr(i, "fixturenames", ())}
+
+    def rank(item) -> int:
+        p = path(item)
+        return 0 if p in FIRST_FILES else (2 if p in needs_cluster else 1)
+    items.sort(key=rank)

@@ -145,3 +145,54 @@ def test_missing_binary_exits_2_and_starts_nothing(tmp_path):
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "missing binary" in r.stderr
     assert not (tmp_path / "empty-cache" / "clusters" / "drills-missing-check").exists()
+
+
+# --- a controller manager that gave up at its start (a slow apiserver on a loaded machine) ----------------------
+def _kill(pid: int) -> None:
+    import signal
+    os.kill(pid, signal.SIGKILL)
+    until(f"process {pid} to exit", lambda: not pid_alive(pid), timeout=30)
+
+
+@pytest.mark.single_version
+def test_a_controller_manager_that_exited_is_started_again_and_works(kube, cluster, namespace):
+    from pathlib import Path
+
+    from drills.cluster.embedded import ControlPlaneExited
+    from drills.cluster.startup import revive_exited
+    before = cluster._kwok_pids()
+    _kill(before["kube-controller-manager"])
+    revive_exited(cluster, Path(cluster.state()["kwok_cluster_dir"]), ControlPlaneExited)
+    after = cluster._kwok_pids()
+    assert after["kube-controller-manager"] != before["kube-controller-manager"]
+    assert pid_alive(after["kube-controller-manager"])
+    assert {k: v for k, v in after.items() if k != "kube-controller-manager"} == \
+        {k: v for k, v in before.items() if k != "kube-controller-manager"}, "only the exited process was started"
+    # the new one does its work: a ReplicaSet gets its pod
+    labels = {"app": "revived-kcm"}
+    client.AppsV1Api(kube).create_namespaced_replica_set(namespace, {
+        "metadata": {"name": "revived-kcm"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "c", "image": "registry.local/x:1"}]}}}})
+    until("the revived controller manager to create the ReplicaSet's pod",
+          lambda: client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector="app=revived-kcm").items,
+          bool, timeout=60)
+
+
+@pytest.mark.single_version
+def test_an_exited_etcd_is_not_started_again_it_ends_the_start(controller_version):
+    from drills.cluster import EmbeddedCluster
+    from drills.cluster.embedded import ControlPlaneExited
+    from drills.cluster.startup import revive_exited
+    c = EmbeddedCluster(f"revive-{os.getpid()}", log=lambda m: None)
+    try:
+        c.up(controller_version)
+        pids = c._kwok_pids()
+        _kill(pids["etcd"])
+        with pytest.raises(ControlPlaneExited, match="etcd"):
+            from pathlib import Path
+            revive_exited(c, Path(c.state()["kwok_cluster_dir"]), ControlPlaneExited)
+        assert not pid_alive(pids["etcd"])
+    finally:
+        c.down(quiet=True)

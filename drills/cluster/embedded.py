@@ -27,7 +27,7 @@ from ..toolchain import Toolchain, check_built, components_for
 from ..wait import WaitTimeout, until
 from .snapshot import SnapshotStore, snapshot_inputs, snapshot_key, stamped_sha256
 from .startup import (SENTINEL_NS, PhaseClock, create_sentinel, crds_served, install_crds, kwokctl_configuration,
-                      nodes_ready, polling_client, reserve_ports, sentinel_reconciled)
+                      nodes_ready, polling_client, reserve_ports, revive_exited, sentinel_reconciled)
 
 NODES = 2
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
@@ -345,14 +345,8 @@ class EmbeddedCluster:
                 self._wait_sentinel(api)
             with clock.phase("kube-apiserver /readyz"):
                 self._wait(lambda: self._api_ready(timeout=1), 60, "the kube-apiserver to answer /readyz")
-            dead = [name for name, pid in self._kwok_pids().items() if not pid_alive(pid)]
-            if dead:
-                logs = kdir / "logs"
-                tails = "; ".join(f"{n}: {(logs / f'{n}.log').read_text()[-300:].strip()}" for n in dead
-                                  if (logs / f"{n}.log").is_file())
-                raise ControlPlaneExited(f"control-plane process(es) {', '.join(dead)} exited while the cluster "
-                                         f"started: "
-                                   f"{tails}")
+            with clock.phase("control plane whole"):
+                revive_exited(self, kdir, ControlPlaneExited)
         finally:
             lease.release()
             if background is not None:

@@ -245,3 +245,38 @@ def nodes_ready(api, count: int) -> bool:
 __all__ = ["SENTINEL", "SENTINEL_NS", "KwokctlConfiguration", "PhaseClock", "create_sentinel", "crds_served",
            "install_crds", "kwokctl_configuration", "nodes_ready", "polling_client", "reserve_ports",
            "sentinel_reconciled"]
+
+
+# --- a control plane whose controller manager gave up at its start ---------------------------------------------
+REVIVABLE = ("kube-controller-manager", "kube-scheduler")   # exit by themselves when the apiserver is slow to start
+PLANE_RESTARTS = 3
+REVIVE_SETTLE_S = 12.0     # a revived kube-controller-manager waits up to 10 s for the apiserver's /healthz
+
+
+def revive_exited(cluster, kdir: Path, exited_error: type[Exception]) -> None:
+    """kube-controller-manager (and the scheduler) wait only 10 s for the kube-apiserver's /healthz when they
+    start, then exit: on a loaded machine that happens while the rest of the plane is fine.  With the apiserver
+    ready, `kwokctl start cluster` starts what is not running (and nothing else); a process that exits again, or
+    any other control-plane process that exited, ends the start (``exited_error``)."""
+    from ..procs import pid_alive, process_age
+    for attempt in range(PLANE_RESTARTS + 1):
+        dead = [name for name, pid in cluster._kwok_pids().items() if not pid_alive(pid)]
+        if not dead:
+            return
+        if attempt == PLANE_RESTARTS or not set(dead) <= set(REVIVABLE):
+            logs = kdir / "logs"
+            tails = "; ".join(f"{n}: {(logs / f'{n}.log').read_text()[-300:].strip()}" for n in dead
+                              if (logs / f"{n}.log").is_file())
+            raise exited_error(f"control-plane process(es) {', '.join(dead)} exited while the cluster started: "
+                               f"{tails}")
+        cluster.log(f"cluster: {', '.join(dead)} exited at its start (the kube-apiserver was slow to answer "
+                    f"/healthz); starting it again")
+        for name in dead:        # kwokctl would take an exited process not yet reaped (a zombie) for running
+            (kdir / "pids" / f"{name}.pid").unlink(missing_ok=True)
+        cluster._kwokctl("start", "cluster", "--name", cluster.name, timeout=180)
+
+        def settled() -> bool:
+            pids = cluster._kwok_pids()
+            alive = [pid_alive(pids.get(n, -1)) for n in dead]
+            return not all(alive) or all(process_age(pids[n]) >= REVIVE_SETTLE_S for n in dead)
+        cluster._wait(settled, REVIVE_SETTLE_S + 30, f"{', '.join(dead)} to stay up past its wait for the apiserver")
