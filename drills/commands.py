@@ -196,6 +196,11 @@ def cmd_upgrade_check(args) -> int:
         print((run_dir / UPGRADE_FILE).read_text() if (run_dir / UPGRADE_FILE).exists()
               else json.dumps({"baseline": sides.baseline, "candidate": sides.candidate, "exit": code}))
     else:
+        doc = json.loads((run_dir / UPGRADE_FILE).read_text()) if (run_dir / UPGRADE_FILE).exists() else {}
+        for line in doc.get("new_hazards") or []:          # the answer first: what gates the upgrade
+            print(line)
+        for h in doc.get("headlines") or []:
+            print(h["text"])
         print(changes_table(changes))
         print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  (changes in {run_dir / UPGRADE_FILE})")
     return code

@@ -224,7 +224,7 @@ def run_live_b(args, duration: float, log=None) -> int:
         except Interrupted as e:
             guard.quiet()
             ledger.record("b", "interrupted", "watch completed", "completed", str(e), INCONCLUSIVE,
-                          reason=f"watch {e}")
+                          reason=f"watch {e}", key="completed")
     return exit_code(ledger.rows)
 
 
@@ -315,7 +315,8 @@ def _record_stop(ledger: Ledger, log, step: str, observed: str, reason: str) -> 
     """The row of a drill that stopped; a ledger that cannot be written (a full disk) keeps it in memory, so the
     exit code still says inconclusive, and the restore goes on."""
     try:
-        ledger.record("a", step, "drill completed", "completed", observed, INCONCLUSIVE, reason=reason)
+        ledger.record("a", step, "drill completed", "completed", observed, INCONCLUSIVE, reason=reason,
+                      key="completed")
     except OSError as e:
         log(f"live drill: the ledger {ledger.path} could not record it ({e}); the run is inconclusive")
 

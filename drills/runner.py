@@ -201,7 +201,7 @@ class Run:
                     kw = {"controller_binary": binary.path, "crds_dir": binary.crds,
                           "reported_version": binary.reported, "crd_warning": binary.crd_warning}
                 self.log(f"run {self.run_id}: cluster {c.name} for "
-                         + (f"user-built {binary.label} (sha256 of {binary.path.name}), CRDs from {binary.crds}"
+                         + (f"user-built {binary.label} ({binary.path}, sha256 {binary.sha256}), CRDs from {binary.crds}"
                             if binary else key))
                 c.up(leg.controller, build=False, **kw)
                 self.clusters[key] = c
