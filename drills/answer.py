@@ -188,12 +188,13 @@ def _fmt(v) -> str:
 
 
 def _ref(row: dict, d: dict, label: str | None = None) -> dict:
-    return {"id": d["id"], "label": label or d["fact"] or d["id"], "observed": row.get("observed"),
+    return {"id": d["id"], "label": label or d["fact"] or d["condition"] or d["id"], "observed": row.get("observed"),
             "verdict": row.get("verdict"), "evidence": row.get("evidence"), "run_id": row.get("run_id")}
 
 
 def _facts(pairs: list[tuple[dict, dict]]) -> str:
-    """Facts in row order, per lane and variant: an incident's fact leads to the next one with an arrow."""
+    """Facts in row order, per lane and variant: an incident's fact leads with an arrow to the next fact of the
+    same measure (BEFORE's peak weight -> AFTER's)."""
     groups: dict[tuple, list] = {}
     for r, d in pairs:
         if d["fact"]:
@@ -203,8 +204,8 @@ def _facts(pairs: list[tuple[dict, dict]]) -> str:
         text = ""
         for i, (r, d) in enumerate(items):
             if i:
-                prev = items[i - 1][1]
-                text += " → " if prev["polarity"] == HAZARD and not prev["condition"] else "; "
+                prev, same = items[i - 1][1], items[i - 1][1]["id"].split("/", 2)[-1] == d["id"].split("/", 2)[-1]
+                text += " → " if prev["polarity"] == HAZARD and not prev["condition"] and same else "; "
             text += d["fact"]
         out.append(text)
     return "; ".join(out)

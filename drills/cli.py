@@ -151,13 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--charts", default=None, help="base chart source folders (default: fixtures/charts/base)")
     rd.set_defaults(func=commands.cmd_render_diff)
 
-    rp = sub.add_parser("report", help="merge run folders into reports/matrix.html and reports/matrix.md",
+    rp = sub.add_parser("report", help="merge run folders into reports/matrix.html and reports/matrix.md; print the "
+                                       "answer per controller",
                         description="Render each run's report and merge run folders into a controller-version x "
-                                    "assertion matrix. Default: every run folder under the reports directory. "
-                                    "Entries that are not run folders are ignored.")
+                                    "assertion matrix, then print the headline per controller version (does the "
+                                    "prescription hold?) and the rows that fail or show a hazard. Default: every "
+                                    "run folder under the reports directory. Entries that are not run folders are "
+                                    "ignored.")
     rp.add_argument("run_dir", nargs="*", metavar="RUN_DIR", help="run folders (reports/<run-id>)")
     rp.add_argument("--merge", action="store_true",
                     help="merge shard run folders into one run folder (as if one machine had run them)")
+    rp.add_argument("--json", action="store_true",
+                    help="print the headline per controller and the failing or hazard rows as JSON")
     rp.set_defaults(func=commands.cmd_report)
 
     ln = sub.add_parser("lanes", help="the registered lanes: key, title, data folder, versions with expectations")

@@ -358,42 +358,6 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
     return code, run_dir, rows
 
 
-def summary_table(rows: list[dict]) -> str:
-    versions = sorted({r["controller_version"] for r in rows}, key=_vkey)
-    keys = []
-    for r in rows:
-        k = (r["lane"], r["step"], r["assertion"])
-        if k not in keys:
-            keys.append(k)
-    cells = {(r["lane"], r["step"], r["assertion"], r["controller_version"]): r for r in rows}
-    head = f"{'lane/step':<14} {'assertion':<60} " + " ".join(f"{v:>18}" for v in versions)
-    lines = [head, "-" * len(head)]
-    for lane, step, assertion in keys:
-        vals = []
-        for v in versions:
-            r = cells.get((lane, step, assertion, v))
-            vals.append(f"{(r['verdict'] + ' ' + _short(r['observed'])) if r else '-':>18}")
-        lines.append(f"{lane + '/' + step:<14} {assertion[:60]:<60} " + " ".join(vals))
-    n_fail = sum(r["verdict"] == FAIL for r in rows)
-    n_inc = sum(r["verdict"] == INCONCLUSIVE for r in rows)
-    lines.append(f"{len(rows)} assertions: {sum(r['verdict'] == PASS for r in rows)} pass, {n_fail} fail, "
-                 f"{n_inc} inconclusive, {sum(r['verdict'] in ('unverified', 'not_applicable') for r in rows)} "
-                 f"unverified/not applicable")
-    return "\n".join(lines)
-
-
-def _short(v) -> str:
-    s = str(v)
-    return s if len(s) <= 8 else s[:7] + "…"
-
-
-def _vkey(v: str):
-    try:
-        return config.version_tuple(v.split("+")[0])
-    except ValueError:
-        return (999, 0, 0)
-
-
 # --- shards merged into one run folder -------------------------------------------------------------------------
 def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], None] | None = None) -> Path:
     """Merge shard run folders into one run folder, as if one machine had run every leg: the rows (run id
