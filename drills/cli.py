@@ -195,8 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--json", action="store_true", help="print JSON (one object per Rollout, the summary, clusters)")
     sc.add_argument("--sarif", default=None, metavar="FILE", help="also write SARIF 2.1.0 for code scanning")
     sc.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML")
-    sc.add_argument("--fail-on", default="none", help="exit 1 when a Rollout is exposed / has a lint error: exposed, "
-                                                      "lint, both comma-separated, or none (default)")
+    sc.add_argument("--fail-on", default=None,
+                    help="exit 1 when a Rollout has a lint error (lint) or is predicted exposed (exposed), "
+                         "comma-separated, or none to only report. Default: lint,exposed, so a CI job that runs the "
+                         "scan fails on what it finds unless it says otherwise")
+    sc.add_argument("--allow-empty", action="store_true",
+                    help="exit 0 when no Rollout is found (default: exit 2, since a mistyped path or an empty render "
+                         "in CI must not pass as a clean scan)")
+    sc.add_argument("--stdin-name", default=None, metavar="PATH",
+                    help="the repository path of the manifests read from '-' (standard input), for messages and "
+                         "SARIF locations (default: stdin.yaml in SARIF, <stdin> in messages)")
     sc.add_argument("--verify", type=int, default=0, metavar="K",
                     help="probe up to K distinct shapes on the real controller (embedded cluster) and record predicted "
                          "vs observed in the ledger (lane scan) of a run folder, with its report")
