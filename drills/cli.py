@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "--to-binary for a controller you built), then pairs every (lane, step, "
                                     "assertion) row and classifies it: same, improved, regressed, changed, new, gone "
                                     "(by each assertion's declared direction, fixtures/upgrade/directions.yaml).\n"
-                                    "Exit: 0 nothing regressed, 1 something regressed, 3 a leg or pair "
-                                    "inconclusive, 2 bad input.")
+                                    "Exit: 0 nothing regressed and no new hazard, 1 something regressed or the "
+                                    "candidate shows a hazard the baseline lacks (whatever its class; named in the "
+                                    "first lines), 3 a leg or pair inconclusive, 2 bad input.")
     uc.add_argument("--from", dest="from_", default=None, metavar="V",
                     help=f"the baseline release (default {config.DEFAULT_CONTROLLER})")
     uc.add_argument("--to", default=None, metavar="V", help="the candidate release")
