@@ -106,8 +106,9 @@ def peak_fact(label: str, peak, weights_while_partial) -> str | None:
         return None
     text = f"{label} {peak:g}" if isinstance(peak, (int, float)) else f"{label} {peak}"
     at = [w for w in weights_while_partial or [] if isinstance(w, (list, tuple)) and len(w) >= 4 and w[1] == peak]
-    if at and exposed(at):
-        text += f" on {at[0][2]} of {at[0][3]} pods"
+    if at and exposed(at):          # the pods that carried it: the most that were up while it was in force
+        most = max(at, key=lambda w: finite_number(w[2]) or 0)
+        text += f" on {most[2]} of {most[3]} pods"
     return text
 
 

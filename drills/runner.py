@@ -247,7 +247,7 @@ class Run:
                 res.rc = subprocess.call(cmd, cwd=str(config.project_root()), env=env, stdout=out,
                                          stderr=subprocess.STDOUT)
         except (ClusterError, ClusterInputError, BadInput) as e:
-            res.error = f"cluster for {leg.controller}: {e}"
+            res.error = f"cluster for {leg.label or leg.controller}: {e}"
             res.rc = 2 if isinstance(e, (ClusterInputError, BadInput)) else 1
         except Exception as e:   # a leg never takes the run down: it fails with its reason
             res.error = f"{type(e).__name__}: {e}"

@@ -192,3 +192,16 @@ def test_a_user_built_controller_is_named_by_its_version_and_commit_never_a_rele
     from drills import legs, runner
     (leg,) = legs.plan(["v1.7.2"], ["a"], label=f"v1.2.0+{head}")
     assert leg.id == f"v1.2.0+{head}/a/stage" and "v1-7-2" not in runner.cluster_name(leg.label, 2)
+
+
+@pytest.mark.single_version
+def test_a_live_drill_records_the_api_servers_kubernetes_version(kube, tmp_path):
+    from drills.kube import new_client
+    from drills.live import server_version
+    from drills.procs import free_port
+    assert server_version(kube) == config.KUBERNETES_VERSION        # the embedded cluster's, as a live one says it
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(f"apiVersion: v1\nkind: Config\ncurrent-context: gone\nclusters: [{{name: c, cluster: {{server: "
+                  f"'http://127.0.0.1:{free_port()}'}}}}]\nusers: [{{name: u, user: {{token: x}}}}]\n"
+                  f"contexts: [{{name: gone, context: {{cluster: c, user: u}}}}]\n")
+    assert server_version(new_client(kc, "gone")) is None           # not known: said as such, the drill goes on
