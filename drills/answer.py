@@ -114,10 +114,16 @@ def peak_fact(label: str, peak, weights_while_partial) -> str | None:
 
 def condition_of(extra_canary: dict | None) -> str | None:
     """The condition a version hazard needs, as the headline says it: 'replicaProgressThreshold {type: Pods}'."""
-    rpt = (extra_canary or {}).get("replicaProgressThreshold")
+    extra_canary = extra_canary if isinstance(extra_canary, dict) else {}
+    rpt = extra_canary.get("replicaProgressThreshold")
     if isinstance(rpt, dict):
         return f"replicaProgressThreshold {{type: {rpt.get('type')}}}"
-    return ", ".join(f"{k} {v}" for k, v in (extra_canary or {}).items()) or None
+    return ", ".join(f"{k} {v}" for k, v in extra_canary.items()) or None
+
+
+def _details(row: dict) -> dict:
+    d = row.get("details")
+    return d if isinstance(d, dict) else {}
 
 
 def _legacy_polarity(row: dict) -> str:
@@ -129,7 +135,7 @@ def _legacy_polarity(row: dict) -> str:
 
 
 def _legacy_shows(row: dict, polarity: str) -> bool | None:
-    d = row.get("details") or {}
+    d = _details(row)
     text = str(row.get("assertion") or "")
     if polarity == HAZARD and text.startswith("peak canary weight while"):
         return exposed(d.get("weights_while_partial"))
@@ -146,7 +152,7 @@ def _legacy_shows(row: dict, polarity: str) -> bool | None:
 
 
 def _legacy_fact(row: dict) -> str | None:
-    d = row.get("details") or {}
+    d = _details(row)
     step, text = row.get("step"), str(row.get("assertion") or "")
     if row.get("lane") == "a" and step in ("before", "after") and text.startswith("peak canary weight while"):
         return peak_fact(step.upper(), row.get("observed"), d.get("weights_while_partial"))
@@ -164,7 +170,7 @@ def declared(row: dict) -> dict:
         shows = None
     cond = row.get("condition")
     if legacy and pol == HAZARD and row.get("lane") == "order":
-        cond = condition_of((row.get("details") or {}).get("extra_canary"))
+        cond = condition_of(_details(row).get("extra_canary"))
     return {"id": row.get("id") or sentence_key(row), "polarity": pol, "shows": shows,
             "fact": _legacy_fact(row) if legacy else row.get("fact"), "condition": cond}
 
@@ -199,7 +205,7 @@ def _facts(pairs: list[tuple[dict, dict]]) -> str:
     groups: dict[tuple, list] = {}
     for r, d in pairs:
         if d["fact"]:
-            groups.setdefault((r.get("lane"), (r.get("details") or {}).get("variant")), []).append((r, d))
+            groups.setdefault((r.get("lane"), _details(r).get("variant")), []).append((r, d))
     out = []
     for items in groups.values():
         text = ""
