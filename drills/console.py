@@ -83,8 +83,10 @@ def summary_table(rows: list[dict], width: int | None = None) -> str:
             order.append(k)
         cells.setdefault(k, {}).setdefault(controller_label(r), []).append(r)
     width = width or max(100, shutil.get_terminal_size((140, 24)).columns)
-    vw, lw = 22, min(40, max([len(f"{k[0]}/{k[1]}") for k in order] + [9]))
-    widths = [lw, max(30, width - lw - len(cols) * (vw + 2) - 2), *[vw] * len(cols)]
+    lw = min(40, max([len(f"{k[0]}/{k[1]}") for k in order] + [9]))
+    aw = max(30, min(64, width - lw - 2 - len(cols) * 24))          # the assertion, then the values share the rest
+    vw = max(22, (width - lw - aw - 2) // max(1, len(cols)) - 2)
+    widths = [lw, aw, *[vw] * len(cols)]
     body = []
     for k in order:
         by_col = cells[k]
