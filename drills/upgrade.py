@@ -129,10 +129,14 @@ class Change:
     @property
     def new_hazard(self) -> bool:
         """The candidate shows a hazard the baseline lacks: its exposure seen on the candidate and not on the
-        baseline, or a new or changed hazard row the candidate shows -- whatever the pair's class."""
+        baseline, or a new or changed hazard row the candidate shows -- whatever the pair's class.  The baseline
+        must have said something of it (an observation, or not applicable): a baseline row that is missing or
+        inconclusive is missing evidence (inconclusive), not the hazard's absence."""
         if self.polarity != HAZARD or self.candidate is None or declared(self.candidate)["shows"] is not True:
             return False
-        return self.baseline is None or declared(self.baseline)["shows"] is not True or self.cls in (NEW, CHANGED)
+        if self.baseline is None or self.baseline.get("verdict") not in (*REAL, NOT_APPLICABLE):
+            return False
+        return declared(self.baseline)["shows"] is not True or self.cls in (NEW, CHANGED)
 
     @property
     def key(self) -> tuple[str, str, str]:

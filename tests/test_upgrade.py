@@ -237,6 +237,12 @@ def test_the_replica_progress_threshold_hazard_is_new_with_its_danger_in_words(t
     assert [c.cls for c in changes if c.cls != upgrade.SAME] == [upgrade.NEW]
     assert hz.new_hazard and upgrade.new_hazards(changes) == [hz]
     assert upgrade.exit_code(changes) == upgrade.EXIT_REGRESSED
+    # a baseline that said nothing of it (no row, or an inconclusive one) is missing evidence, not its absence
+    no_base = upgrade.classify([r for r in base if r["lane"] != "order"], cand)
+    assert not upgrade.new_hazards(no_base)
+    unsure = [dict(r, verdict=INCONCLUSIVE, reason="the window closed") if r["step"] == HAZARD_STEP else r
+              for r in base]
+    assert not upgrade.new_hazards(upgrade.classify(unsure, cand))
     (line,) = upgrade.hazard_lines(changes)
     assert line.startswith("!! HAZARD on v1.10.2 that v1.8.2 lacks (with replicaProgressThreshold {type: Pods}): "
                            "DANGER: the prescription no longer holds"), line
