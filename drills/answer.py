@@ -243,7 +243,8 @@ def headline(rows: list[dict], label: str | None = None) -> dict:
         text = OPEN + ": " + "; ".join(f"{d['id']}: {r.get('reason') or r.get('verdict')}" for r, d in unsure)
     elif held:
         answer = YES
-        text = YES + (f" ({facts})" if facts else f" ({len(held)} row(s) of evidence hold)")
+        text = YES + (f" ({facts})" if facts else
+                      " (" + ", ".join(dict.fromkeys(f"{r.get('lane')}/{r.get('step')}" for r, _ in held)) + " hold)")
     else:
         answer = UNANSWERED
         text = (UNANSWERED + ": no row of these lanes says whether it holds (lanes a and order do)"
