@@ -81,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "--to-binary for a controller you built), then pairs every (lane, step, "
                                     "assertion) row and classifies it: same, improved, regressed, changed, new, gone "
                                     "(by each assertion's declared direction, fixtures/upgrade/directions.yaml).\n"
-                                    "Exit: 0 nothing regressed, 1 something regressed, 3 a leg or pair "
-                                    "inconclusive, 2 bad input.")
+                                    "Exit: 0 nothing regressed and no new hazard, 1 something regressed or the "
+                                    "candidate shows a hazard the baseline lacks (whatever its class; named in the "
+                                    "first lines), 3 a leg or pair inconclusive, 2 bad input.")
     uc.add_argument("--from", dest="from_", default=None, metavar="V",
                     help=f"the baseline release (default {config.DEFAULT_CONTROLLER})")
     uc.add_argument("--to", default=None, metavar="V", help="the candidate release")
@@ -151,13 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--charts", default=None, help="base chart source folders (default: fixtures/charts/base)")
     rd.set_defaults(func=commands.cmd_render_diff)
 
-    rp = sub.add_parser("report", help="merge run folders into reports/matrix.html and reports/matrix.md",
+    rp = sub.add_parser("report", help="merge run folders into reports/matrix.html and reports/matrix.md; print the "
+                                       "answer per controller",
                         description="Render each run's report and merge run folders into a controller-version x "
-                                    "assertion matrix. Default: every run folder under the reports directory. "
-                                    "Entries that are not run folders are ignored.")
+                                    "assertion matrix, then print the headline per controller version (does the "
+                                    "prescription hold?) and the rows that fail or show a hazard. Default: every "
+                                    "run folder under the reports directory. Entries that are not run folders are "
+                                    "ignored.")
     rp.add_argument("run_dir", nargs="*", metavar="RUN_DIR", help="run folders (reports/<run-id>)")
     rp.add_argument("--merge", action="store_true",
                     help="merge shard run folders into one run folder (as if one machine had run them)")
+    rp.add_argument("--json", action="store_true",
+                    help="print the headline per controller and the failing or hazard rows as JSON")
     rp.set_defaults(func=commands.cmd_report)
 
     ln = sub.add_parser("lanes", help="the registered lanes: key, title, data folder, versions with expectations")
@@ -190,8 +196,16 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--json", action="store_true", help="print JSON (one object per Rollout, the summary, clusters)")
     sc.add_argument("--sarif", default=None, metavar="FILE", help="also write SARIF 2.1.0 for code scanning")
     sc.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML")
-    sc.add_argument("--fail-on", default="none", help="exit 1 when a Rollout is exposed / has a lint error: exposed, "
-                                                      "lint, both comma-separated, or none (default)")
+    sc.add_argument("--fail-on", default=None,
+                    help="exit 1 when a Rollout has a lint error (lint) or is predicted exposed (exposed), "
+                         "comma-separated, or none to only report. Default: lint,exposed, so a CI job that runs the "
+                         "scan fails on what it finds unless it says otherwise")
+    sc.add_argument("--allow-empty", action="store_true",
+                    help="exit 0 when no Rollout is found (default: exit 2, since a mistyped path or an empty render "
+                         "in CI must not pass as a clean scan)")
+    sc.add_argument("--stdin-name", default=None, metavar="PATH",
+                    help="the repository path of the manifests read from '-' (standard input), for messages and "
+                         "SARIF locations (default: stdin.yaml in SARIF, <stdin> in messages)")
     sc.add_argument("--verify", type=int, default=0, metavar="K",
                     help="probe up to K distinct shapes on the real controller (embedded cluster) and record predicted "
                          "vs observed in the ledger (lane scan) of a run folder, with its report")

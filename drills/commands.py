@@ -8,14 +8,15 @@ import re
 import sys
 from pathlib import Path
 
-from . import config, kube, lanes, legs, runner
+from . import config, console, kube, lanes, legs, provenance, runner
+from .answer import headlines
 from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
 from .cluster.embedded import audit_log_for
 from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
 from .fleet import Fleet, base_sources
 from .helm import Helm, HelmError
-from .ledger import new_run_id
+from .ledger import new_run_id, read_rows
 from .live import run_live, run_live_b
 from .probe import controller_log_of, observation_dict, run_probe
 from .recorder import watch_rollout
@@ -176,11 +177,11 @@ def cmd_run(args) -> int:
     chosen = [x for x in plan if x.id in {d["id"] for d in doc["legs"]}]
     env = {"DRILLS_AVAILABILITY_CONTROL": args.availability_control, "DRILLS_ROLLBACK_VIA": args.rollback_via}
     meta = {"plan_digest": doc["plan_digest"], "shard": doc["shard"], "total_legs": doc["total_legs"],
-            "all_legs": [x.id for x in plan]}
+            "all_legs": [x.id for x in plan], **provenance.stamp(config.KUBERNETES_VERSION)}
     code, run_dir, rows = runner.run(chosen, jobs=args.jobs, env=env, binaries=[binary] if binary else [],
                                      keep_cluster=args.keep_cluster,
                                      meta=meta, log=_progress)
-    print(runner.summary_table(rows))
+    print(console.run_summary(rows, run_dir))           # the answer first, then every row
     print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  matrix: {run_dir.parent / 'matrix.html'}")
     if binary:
         print(f"{binary.label} is a user-built controller: its rows are observations, not held to a release's "
@@ -196,6 +197,11 @@ def cmd_upgrade_check(args) -> int:
         print((run_dir / UPGRADE_FILE).read_text() if (run_dir / UPGRADE_FILE).exists()
               else json.dumps({"baseline": sides.baseline, "candidate": sides.candidate, "exit": code}))
     else:
+        doc = json.loads((run_dir / UPGRADE_FILE).read_text()) if (run_dir / UPGRADE_FILE).exists() else {}
+        for line in doc.get("new_hazards") or []:          # the answer first: what gates the upgrade
+            print(line)
+        for h in doc.get("headlines") or []:
+            print(h["text"])
         print(changes_table(changes))
         print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  (changes in {run_dir / UPGRADE_FILE})")
     return code
@@ -347,11 +353,54 @@ def cmd_report(args) -> int:
     for d in given:
         if not is_run_dir(Path(d)):
             err(f"report: {d} is not a run folder (no ledger.json): ignored")
-    html_path, md_path = write_matrix([Path(d) for d in given] if given and not args.merge else None,
+    dirs = [Path(d) for d in given if is_run_dir(Path(d))] if given else None
+    html_path, md_path = write_matrix(dirs if dirs is not None and not args.merge else None,
                                       config.reports_dir(), strict=True)
-    print(html_path)
-    print(md_path)
+    rows = _report_rows(dirs)
+    flagged = [r for r in rows if r.get("verdict") == "fail" or _hazard_seen(r)]
+    if args.json:
+        print(json.dumps({"headlines": headlines(rows), "failing_or_hazard": [_row_json(r) for r in flagged],
+                          "matrix": {"html": str(html_path), "md": str(md_path)}}, indent=2, default=str))
+        return EXIT_OK
+    print("\n".join(console.headline_lines(rows)) or "no rows")
+    if flagged:
+        print(f"\n{len(flagged)} row(s) failing or showing a hazard:")
+        for r in flagged:
+            d = console.declared(r)
+            seen = (" — hazard seen" + (f" with {d['condition']}" if d["condition"] else "")) if _hazard_seen(r) else ""
+            print(f"  {console.controller_label(r)}  {d['id']}: {r.get('verdict')}, observed "
+                  f"{console.text(r.get('observed'))} (expected {console.text(r.get('expected'))}){seen}"
+                  + (f"; evidence {r['evidence']}" if r.get("evidence") else ""))
+    print(f"\nmatrix: {html_path}\n        {md_path}")
     return EXIT_OK
+
+
+def _hazard_seen(r: dict) -> bool:
+    d = console.declared(r)
+    return d["polarity"] == console.HAZARD and d["shows"] is True
+
+
+def _report_rows(dirs: list[Path] | None) -> list[dict]:
+    """The newest row per (controller, id) of the run folders the matrix merged (default: every one)."""
+    from .report import discover, readable, unique_runs
+    runs = readable(unique_runs(discover(config.reports_dir()) if dirs is None else dirs), strict=False)
+    rows = [r for d in runs for r in read_rows(d / "ledger.json")]
+    key = console.keyer(rows)
+    newest: dict[tuple, dict] = {}
+    for r in rows:
+        k = (console.controller_label(r), key(r))
+        if k not in newest or str(r.get("recorded_at") or "") >= str(newest[k].get("recorded_at") or ""):
+            newest[k] = r
+    return list(newest.values())
+
+
+def _row_json(r: dict) -> dict:
+    d = console.declared(r)
+    return {"controller": console.controller_label(r), "id": d["id"], "lane": r.get("lane"), "step": r.get("step"),
+            "assertion": r.get("assertion"), "polarity": d["polarity"], "shows": d["shows"],
+            "condition": d["condition"], "expected": r.get("expected"), "observed": r.get("observed"),
+            "verdict": r.get("verdict"), "reason": r.get("reason"), "evidence": r.get("evidence"),
+            "run_id": r.get("run_id")}
 
 
 def cmd_scan(args) -> int:

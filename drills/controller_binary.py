@@ -1,7 +1,9 @@
 """A rollouts-controller the user built (for instance with an unmerged upstream fix applied).
 
 The binary must be an executable that answers ``--version`` as a rollouts controller does.  It is named by
-what it is: the version it reports plus its sha256, never by a release.  Its CRDs come from ``--crds DIR``,
+what it is, never by a release: the version it reports plus its short commit, ``v1.2.0+<commit>`` (the commit of
+``--source`` when that is a git checkout, else the first 12 characters of the binary's sha256), in plot titles,
+captions, test ids, leg ids, cluster names and headings alike.  Its CRDs come from ``--crds DIR``,
 else from ``--source DIR`` (the tree's own ``manifests/crds/*-crd.yaml``), else from the release nearest to
 the reported version -- with a warning that says so, which the console and the report show.
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import config
+from .provenance import SHORT, git_commit
 from .toolchain.build import sha256_file
 
 
@@ -33,6 +36,12 @@ class BinaryInfo:
     crds_dir: Path
     crd_origin: str = CRDS_FROM_FLAG        # --crds | --source | nearest release
     crd_warning: str | None = None
+    commit: str | None = None               # the short commit of --source's git checkout (None: not one)
+
+    @property
+    def name(self) -> str:
+        """What every output calls it: the version it reports plus its commit (else its sha256 prefix)."""
+        return f"{self.version}+{self.commit or self.sha256[:SHORT]}"
 
     @property
     def crd_source(self) -> str:
@@ -110,4 +119,5 @@ def inspect_binary(path: Path, crds: Path | None = None, source: Path | None = N
     if not crds.is_dir() or not list(crds.glob("*.yaml")):
         raise ControllerBinaryError(f"--crds {crds}: no CRD files (*.yaml) there")
     return BinaryInfo(path=path, reported=reported, version=version, sha256=sha256_file(path),
-                      nearest_release=near, crds_dir=crds, crd_origin=origin, crd_warning=warning)
+                      nearest_release=near, crds_dir=crds, crd_origin=origin, crd_warning=warning,
+                      commit=git_commit(source, short=True) if source is not None else None)

@@ -1,9 +1,12 @@
 """The record: one row per assertion, kept in reports/<run-id>/ledger.json (a JSON array).
 
 Fields (DESIGN.md §4): run_id, target, controller_version, lane, step, assertion, expected, observed,
-verdict, evidence; plus reason (for inconclusive / not_applicable), controller_sha256 (user-built
-controllers) and free-form details.  Several processes of one run (one per controller version) append
-to the same file under a lock.
+verdict, evidence; plus reason (for inconclusive / not_applicable), controller_sha256 and controller_name
+(user-built controllers: the version they report plus their commit) and free-form details.  What a row means
+for the prescription (drills.answer): ``id`` (lane/step/key), ``polarity`` (holds, hazard, neutral), ``shows``,
+``fact`` and, for a version hazard, ``condition``.  Provenance: drills_version, drills_commit,
+kubernetes_version.  Several processes of one run (one per controller version) append to the same file under
+a lock.
 """
 from __future__ import annotations
 
@@ -11,14 +14,33 @@ import fcntl
 import json
 import math
 import os
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import config
 from .errors import BadInput, combine_exit_codes  # noqa: F401  (combine_exit_codes: kept importable here)
+from .provenance import stamp
 
 PASS, FAIL, INCONCLUSIVE, UNVERIFIED, NOT_APPLICABLE = "pass", "fail", "inconclusive", "unverified", "not_applicable"
 VERDICTS = (PASS, FAIL, INCONCLUSIVE, UNVERIFIED, NOT_APPLICABLE)
+# what a row means for the prescription (drills.answer): evidence that it works, evidence of exposure, neither
+HOLDS, HAZARD, NEUTRAL = "holds", "hazard", "neutral"
+POLARITIES = (HOLDS, HAZARD, NEUTRAL)
+_KEY_RE = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+def make_id(lane: str, step: str, key: str) -> str:
+    """An assertion's stable id, ``lane/step/key`` (the key: lower-case letters, digits, '.', '_', '-')."""
+    if not _KEY_RE.fullmatch(str(key or "")):
+        raise ValueError(f"an assertion key is lower-case letters, digits, '.', '_', '-': {key!r}")
+    return f"{lane}/{step}/{key}"
+
+
+def key_of(text: str) -> str:
+    """A key made from a sentence, for an assertion that declares none (stable while the sentence is)."""
+    return re.sub(r"[^a-z0-9._]+", "-", str(text).lower()).strip("-")[:160] or "row"
 
 
 def finite_number(v) -> float | None:
@@ -77,29 +99,46 @@ def read_rows(path: Path) -> list[dict]:
 
 class Ledger:
     def __init__(self, run_dir: Path, run_id: str, target: str, controller_version: str,
-                 controller_sha256: str | None = None):
+                 controller_sha256: str | None = None, controller_name: str | None = None,
+                 kubernetes_version: str | None = None):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "ledger.json"
         self.run_id = run_id
         self.target = target
         self.controller_version = controller_version
         self.controller_sha256 = controller_sha256
+        self.controller_name = controller_name        # a user-built controller's: its version plus its commit
+        # the embedded cluster runs the pinned Kubernetes; a live target says its own (None: not known)
+        self.kubernetes_version = kubernetes_version or (config.KUBERNETES_VERSION if target == "embedded" else None)
         self.rows: list[dict] = []
 
     def record(self, lane: str, step: str, assertion: str, expected, observed, verdict: str,
-               evidence: str | None = None, reason: str | None = None, **details) -> dict:
+               evidence: str | None = None, reason: str | None = None, *, key: str | None = None,
+               polarity: str = NEUTRAL, shows: bool | None = None, fact: str | None = None,
+               condition: str | None = None, **details) -> dict:
+        """One row.  ``key`` makes the stable id lane/step/key; ``polarity``, ``shows``, ``fact`` and
+        ``condition`` say what the observation means for the prescription (drills.answer)."""
         if verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {verdict!r}")
         if verdict in (INCONCLUSIVE, NOT_APPLICABLE) and not reason:
             raise ValueError(f"a {verdict} row needs a reason")
+        if polarity not in POLARITIES:
+            raise ValueError(f"unknown polarity {polarity!r}: {', '.join(POLARITIES)}")
         row = {
             "run_id": self.run_id, "target": self.target, "controller_version": self.controller_version,
+            "id": make_id(lane, step, key or key_of(assertion)),
             "lane": lane, "step": step, "assertion": assertion, "expected": expected, "observed": observed,
             "verdict": verdict, "evidence": self._rel(evidence), "reason": reason,
+            "polarity": polarity,
+            "shows": None if polarity == NEUTRAL or verdict not in (PASS, FAIL, UNVERIFIED) else shows,
+            "fact": fact, "condition": condition,
             "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **stamp(self.kubernetes_version),
         }
         if self.controller_sha256:
             row["controller_sha256"] = self.controller_sha256
+        if self.controller_name:
+            row["controller_name"] = self.controller_name
         if details:
             row["details"] = details
         self.rows.append(row)

@@ -215,7 +215,8 @@ def run_live_b(args, duration: float, log=None) -> int:
     run_id = new_run_id()
     run_dir = config.reports_dir() / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version)
+    ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version,
+                    kubernetes_version=server_version(api))
     ctx = LaneContext(api=api, namespace=target.namespace, evidence_dir=run_dir / "live", ledger=ledger,
                       version=version, variant="live", log=log)
     with SignalGuard() as guard:
@@ -224,8 +225,17 @@ def run_live_b(args, duration: float, log=None) -> int:
         except Interrupted as e:
             guard.quiet()
             ledger.record("b", "interrupted", "watch completed", "completed", str(e), INCONCLUSIVE,
-                          reason=f"watch {e}")
+                          reason=f"watch {e}", key="completed")
     return exit_code(ledger.rows)
+
+
+def server_version(api) -> str | None:
+    """The live API server's Kubernetes version, for the rows (None when it does not say: the drill goes on, a
+    lease already taken is never left behind over a version string)."""
+    try:
+        return client.VersionApi(api).get_code().git_version
+    except Exception:   # noqa: BLE001 -- any failure only means the version is not known
+        return None
 
 
 def run_live(args, log=None) -> int:
@@ -271,7 +281,8 @@ def run_live(args, log=None) -> int:
     except Exception as e:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise kube.unreachable(e, api, "taking the lease") from None
-    ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version)
+    ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version,
+                    kubernetes_version=server_version(api))
     spec = RolloutSpec(steps=steps, replicas=ro["spec"].get("replicas", 1), name=target.rollout,
                        availability_control=False, rollback_via=args.rollback_via, container=app,
                        image_v1=image_v1, image_v2=image_v2)
@@ -315,7 +326,8 @@ def _record_stop(ledger: Ledger, log, step: str, observed: str, reason: str) -> 
     """The row of a drill that stopped; a ledger that cannot be written (a full disk) keeps it in memory, so the
     exit code still says inconclusive, and the restore goes on."""
     try:
-        ledger.record("a", step, "drill completed", "completed", observed, INCONCLUSIVE, reason=reason)
+        ledger.record("a", step, "drill completed", "completed", observed, INCONCLUSIVE, reason=reason,
+                      key="completed")
     except OSError as e:
         log(f"live drill: the ledger {ledger.path} could not record it ({e}); the run is inconclusive")
 

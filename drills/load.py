@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from . import config
-from .ledger import FAIL, INCONCLUSIVE, PASS
+from .ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NEUTRAL, PASS, UNVERIFIED
 from .wait import until
 
 MAX_USERS = 20
@@ -327,15 +327,30 @@ def judge(value: float | None, th: dict) -> bool:
     return ("min" not in th or value >= th["min"]) and ("max" not in th or value <= th["max"])
 
 
+# What a phase's figure means for the prescription: the failures users felt in BEFORE's exposure are the incident
+# reproduced (its threshold asks for them: ``min``), AFTER's are the prescription holding (``max``); the rest neutral.
+POLARITY = {("before", "exposure", "failure_ratio"): HAZARD, ("after", "exposure", "failure_ratio"): HOLDS}
+
+
+def _shows(polarity: str, value, th: dict | None) -> bool | None:
+    """Whether the figure shows the exposure (hazard) or the prescription holding (holds), by the thresholds."""
+    if polarity == NEUTRAL or th is None or value is None:
+        return None
+    if polarity == HAZARD:
+        return value >= th["min"] if "min" in th else not judge(value, th)
+    return judge(value, th)
+
+
 def record_phase_rows(ledger, lane: str, step: str, stats: dict[str, dict], thresholds: dict, evidence,
-                      emulated: bool = True, min_requests: int = 20) -> list[dict]:
+                      emulated: bool = True, min_requests: int = 20, judged: str | None = None) -> list[dict]:
     """Two ledger rows per phase: ``load.<phase>.failure_ratio`` and ``load.<phase>.p95_ms``.
 
     A phase with fewer than ``min_requests`` requests is ``inconclusive`` (too little evidence), never ``pass``.
     A metric without a threshold anywhere is recorded ``unverified``.  A phase the load generator did not cover to
-    its end (``cut_short``: Locust exited) is ``inconclusive`` whatever its figures.
+    its end (``cut_short``: Locust exited) is ``inconclusive`` whatever its figures.  ``judged`` (a reason): the
+    figures are observations, never failed against the thresholds (a user-built controller's); the thresholds
+    still say what the figure shows (``shows``).
     """
-    from .ledger import UNVERIFIED
     rows = []
     for phase, st in stats.items():
         for metric in ("failure_ratio", "p95_ms"):
@@ -353,10 +368,15 @@ def record_phase_rows(ledger, lane: str, step: str, stats: dict[str, dict], thre
             elif st["requests"] < min_requests or value is None:
                 verdict, expected = INCONCLUSIVE, _expected_text(th)
                 reason = f"only {st['requests']} requests in phase {phase} (< {min_requests}): too little evidence"
+            elif judged:
+                verdict, expected, reason = UNVERIFIED, None, judged
+                details["threshold"] = _expected_text(th)
             else:
                 expected = _expected_text(th)
                 verdict = PASS if judge(value, th) else FAIL
             observed = round(value, 4) if isinstance(value, float) else value
+            polarity = POLARITY.get((step, phase, metric), NEUTRAL)
             rows.append(ledger.record(lane, step, f"load.{phase}.{metric}", expected, observed, verdict,
-                                      evidence=evidence, reason=reason, **details))
+                                      evidence=evidence, reason=reason, key=f"load.{phase}.{metric}",
+                                      polarity=polarity, shows=_shows(polarity, value, th), **details))
     return rows

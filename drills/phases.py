@@ -28,9 +28,10 @@ class PhasedLoad:
     RUN_TIME_S = 240
 
     def __init__(self, cluster, namespace: str, name: str, folder: Path, lane: str, log=None,
-                 url: str | None = None):
+                 url: str | None = None, judged: str | None = None):
         self.folder = Path(folder)
         self.lane = lane
+        self.judged = judged        # a reason the figures are observations only (a user-built controller's)
         self.log = log or (lambda m: None)
         self.mesh = None
         self.target = "embedded"
@@ -100,7 +101,7 @@ class PhasedLoad:
         # as observations (`unverified`): what users saw, not a pass or fail of the drill
         thresholds = load_thresholds() if self.target == "embedded" else {}
         rows = record_phase_rows(ledger, self.lane, step, stats, thresholds, self.run.records_path,
-                                 emulated=self.target == "embedded")
+                                 emulated=self.target == "embedded", judged=self.judged)
         extra = {"phases": {k: [round(a - derived.t0_wall, 3), round(b - derived.t0_wall, 3)]
                             for k, (a, b) in phases.items()},
                  "load": {k: {"failure_ratio": v.get("failure_ratio"), "p95_ms": v.get("p95_ms"),

@@ -94,24 +94,37 @@ def _versions(pconfig) -> list[str]:
     return resolve_controller_versions(spec)
 
 
+_USER_BUILT = pytest.StashKey[object]()
+
+
+def _user_built(pconfig):
+    """The --controller-binary's inspection (once per session), or None for a release."""
+    binary = pconfig.getoption("--controller-binary")
+    if not binary:
+        return None
+    if _USER_BUILT not in pconfig.stash:
+        crds, source = pconfig.getoption("--crds"), pconfig.getoption("--source")
+        pconfig.stash[_USER_BUILT] = inspect_binary(Path(binary), Path(crds) if crds else None,
+                                                    Path(source) if source else None)
+    return pconfig.stash[_USER_BUILT]
+
+
 def pytest_generate_tests(metafunc):
     if "controller_version" in metafunc.fixturenames:
         versions = _versions(metafunc.config)
         if metafunc.definition.get_closest_marker("single_version"):
             versions = versions[:1]
-        metafunc.parametrize("controller_version", versions, scope="session")
+        info = _user_built(metafunc.config)
+        # a user-built controller's tests are named by what it is, never by the release its cluster stands in for
+        metafunc.parametrize("controller_version", versions, scope="session",
+                             ids=[info.name] * len(versions) if info else None)
 
 
 @pytest.fixture(scope="session")
 def cluster(controller_version, request):
-    binary = request.config.getoption("--controller-binary")
-    crds = request.config.getoption("--crds")
+    info = _user_built(request.config)
     c = EmbeddedCluster()
-    kwargs = {}
-    if binary:
-        source = request.config.getoption("--source")
-        info = inspect_binary(Path(binary), Path(crds) if crds else None, Path(source) if source else None)
-        kwargs = info.cluster_kwargs()
+    kwargs = info.cluster_kwargs() if info else {}
     before = c.state().get("created_at") if c.status().get("ready") else None
     c.up(controller_version, **kwargs)
     was_up = before is not None and c.state().get("created_at") == before     # reused, not (re)started
@@ -157,15 +170,16 @@ def ledger(run_dir, cluster, request):
     version = st.get("controller_reported_version") or st["controller_version"]
     if st.get("controller_binary"):
         version = cluster.state().get("controller_reported_version") or version
+    info = _user_built(request.config) if st.get("controller_binary") else None
     return Ledger(run_dir, run_id, target="embedded", controller_version=version,
-                  controller_sha256=st.get("controller_sha256") if st.get("controller_binary") else None)
+                  controller_sha256=st.get("controller_sha256") if st.get("controller_binary") else None,
+                  controller_name=info.name if info else None)
 
 
 @pytest.fixture(scope="session")
 def evidence_dir(run_dir, ledger) -> Path:
-    """Per controller: a release by its version, a user-built binary by its reported version and sha256."""
-    sha = ledger.controller_sha256
-    d = run_dir / (ledger.controller_version + (f"-sha256-{sha[:12]}" if sha else ""))
+    """Per controller: a release by its version, a user-built binary by its name (version plus commit)."""
+    d = run_dir / (ledger.controller_name or ledger.controller_version)
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -185,7 +199,8 @@ def lane(request, kube, cluster, module_namespace, evidence_dir, ledger, control
                       variant=variant,
                       options={"availability_control": opts("--availability-control") == "on",
                                "rollback_via": opts("--rollback-via"), "source": source, "crds": opts("--crds"),
-                               "user_built": bool(opts("--controller-binary"))})
+                               "user_built": bool(opts("--controller-binary"))},
+                      label=ledger.controller_name)
     runbook = cls(ctx)
     yield runbook
     runbook.close()

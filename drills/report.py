@@ -1,5 +1,9 @@
 """Human reports: the per-run report and the controller-version x assertion matrix.
 
+Both pages open with the answer: one headline per controller version ("prescription holds on v1.8.2: yes
+(BEFORE 100 on 1 of 2 pods → AFTER 5; exit Healthy)", drills.answer) with links to its evidence; every row then
+says what it means for the prescription beside its verdict, and load rows fold under their phase.
+
 Inputs are run folders, reports/<run-id>/, each holding ledger.json (drills.ledger) and the evidence its rows
 point at; a row whose evidence is a timeline gets the plot of that timeline's series (drills.plots), drawn once
 and redrawn only when the series is newer than the picture.  Both pages are one view model (a title, meta
@@ -20,11 +24,12 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from . import timeline
+from .answer import controller_label, keyer, strip_line_refs
+from .answer_view import headline_items, is_load, load_fold, mark
 from .config import version_tuple
 from .lanes import LANES
 from .ledger import LedgerError, read_rows
 from .plots import num, pct, plot_series
-from .upgrade import normalise_assertion
 from .upgrade_report import neighbours_section, upgrade_section
 from .viewmodel import (
     cell,
@@ -39,8 +44,9 @@ from .viewmodel import (
 )
 
 EMULATION_NOTE = "Load figures come from an emulated mesh on the embedded cluster."
-WEIGHT_NOTE = ("The drill reproduces the canary weight the controller writes, "
-               "not the production pod arithmetic (brief §14.4).")
+WEIGHT_NOTE = ("The drill reproduces the canary weight the controller writes, not the production pod arithmetic: "
+               "the stage-shaped Rollout runs 2 pods, so a partial ReplicaSet is 1 of 2 pods (the prod-shaped "
+               "variant, --variant prod, runs the production sizes).")
 VERDICT_COLOURS = {"pass": "#1e7b34", "fail": "#c0182a", "inconclusive": "#b36b00", "unverified": "#5a5a5a",
                    "not_applicable": "#7a7a9a"}
 VERDICT_TEXT = {"not_applicable": "not applicable"}
@@ -99,10 +105,8 @@ def version_key(v: str):
 
 
 def column(row: dict) -> str:
-    """Matrix column of a row: its version, plus the binary's sha256 for a user-built controller."""
-    v = str(row.get("controller_version") or "unknown")
-    sha = row.get("controller_sha256")
-    return f"{v} (sha256 {str(sha)[:12]})" if sha else v
+    """Matrix column of a row: the release, or a user-built controller's name (its version plus its commit)."""
+    return controller_label(row)
 
 
 def column_key(col: str):
@@ -200,7 +204,7 @@ def write_run_report(run_dir: Path, plots: Plots | None = None) -> tuple[Path, P
     sections = []
     for col, lane in sorted(groups, key=lambda k: (column_key(k[0]), lane_key(k[1]))):
         table_rows, figures = [], []
-        for r in groups[(col, lane)]:
+        for r in [r for r in groups[(col, lane)] if not is_load(r)]:
             ev = r.get("evidence")
             links, md_links = [], []
             sp = series_of(run_dir, ev)
@@ -218,13 +222,16 @@ def write_run_report(run_dir: Path, plots: Plots | None = None) -> tuple[Path, P
             if png is not None and str(sp.resolve()) not in shown_series:
                 shown_series.add(str(sp.resolve()))
                 figures.append({"figure": figure(png, series, sp, run_dir)})
-            table_rows.append([cell(str(r.get("step") or "")), cell(str(r.get("assertion") or "")),
+            table_rows.append([cell(str(r.get("step") or "")), cell(str(r.get("assertion") or ""), title=r.get("id")),
                                cell(fmt_value(r.get("expected")), obs=True), cell(fmt_value(r.get("observed")), obs=True),
-                               cell(verdict=r.get("verdict")), cell(str(r.get("reason") or "")),
+                               cell(verdict=r.get("verdict")), cell(mark(r) or None), cell(str(r.get("reason") or "")),
                                cell(None if ev else "—", links=links, md_links=md_links)])
+        fold = load_fold(groups[(col, lane)], lambda r: cell(fmt_value(r.get("observed")), verdict=r.get("verdict"),
+                                                             obs=True, reason=r.get("reason"),
+                                                             title=f"expected {fmt_value(r.get('expected'))}"))
         sections.append({"title": f"{col} · lane {lane}", "callouts": [], "items": [
-            {"table": {"columns": ["step", "assertion", "expected", "observed", "verdict", "reason", "evidence"],
-                       "rows": table_rows}}, *figures]})
+            {"table": {"columns": ["step", "assertion", "expected", "observed", "verdict", "means", "reason",
+                                   "evidence"], "rows": table_rows}}, *([fold] if fold else []), *figures]})
     if not rows:
         sections.append({"title": None, "callouts": [], "items": [], "empty": "The ledger has no rows."})
     upgrade = upgrade_section(run_dir, rows)
@@ -232,6 +239,7 @@ def write_run_report(run_dir: Path, plots: Plots | None = None) -> tuple[Path, P
         sections.insert(0, upgrade)
     counts = verdict_counts(rows)
     page = {"title": f"Drill report — run {', '.join(run_ids)}",
+            "headlines": headline_items(rows, lambda r: evidence_path(run_dir, r.get("evidence")), run_dir),
             "meta": [("run id", cell(", ".join(run_ids))),
                      ("target", cell(", ".join(sorted({str(r.get("target")) for r in rows if r.get("target")})) or "—")),
                      ("controller versions", cell(", ".join(columns) or "—")),
@@ -251,7 +259,9 @@ def matrix_cell(entry: tuple, start: Path) -> dict:
         h, m = link("evidence", ep, start) if ep is not None else (None, None)
     reason = fmt_value(r["reason"], 70) if r.get("reason") else None
     tip = f"expected {fmt_value(r.get('expected'))}" + (f" — {r['reason']}" if r.get("reason") else "")
-    return cell(fmt_value(r.get("observed"), 40), verdict=r.get("verdict"), obs=True, links=[h] if h else [],
+    means = mark(r)
+    return cell(fmt_value(r.get("observed"), 40) + (f" · {means}" if means else ""), verdict=r.get("verdict"),
+                obs=True, links=[h] if h else [],
                 md_links=[m] if m else [], reason=reason, run=str(r.get("run_id") or run_dir.name), title=tip,
                 link_sep=" ")
 
@@ -267,8 +277,11 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
     runs = readable(unique_runs(discover(reports_root) if run_dirs is None else run_dirs),
                     strict=run_dirs is not None and strict)
     plots, run_info, cells, exact_cells, order, seq, any_load = Plots(), [], {}, {}, {}, 0, False
+    labels: dict[tuple, str] = {}
+    ledgers = {run_dir: read_rows(run_dir / "ledger.json") for run_dir in runs}
+    pair_key = keyer(*ledgers.values())
     for run_dir in runs:
-        rows = read_rows(run_dir / "ledger.json")
+        rows = ledgers[run_dir]
         rep_html, rep_md = write_run_report(run_dir, plots)
         run_info.append((run_dir, rows, rep_html, rep_md))
         series_seen = []
@@ -278,11 +291,12 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
             png, series = plots.of(run_dir, sp) if sp else (None, None)
             if series:
                 series_seen.append(series)
-            # one line per assertion whatever source lines each version names in it (drills.upgrade pairs so)
+            # one line per assertion (its id) whatever sentence and source lines each version has for it
             exact = tuple(str(r.get(k) or "—") for k in ("lane", "step", "assertion"))
-            key = (exact[0], exact[1], normalise_assertion(exact[2]))
+            key = (exact[0], exact[1], pair_key(r))
             order.setdefault(key, (lane_key(key[0]), seq))
             entry = ((str(r.get("recorded_at") or ""), str(r.get("run_id") or ""), seq), r, run_dir, png)
+            labels.setdefault(key, f"{exact[0]}/{exact[1]}/{strip_line_refs(exact[2])}")
             for store, k in ((cells, key), (exact_cells, exact)):
                 if (k, column(r)) not in store or entry[0] > store[(k, column(r))][0]:
                     store[(k, column(r))] = entry
@@ -296,9 +310,15 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
                                                                        if r.get("target")}))),
                           cell(", ".join(sorted({column(r) for r in rows}, key=column_key))), cell(str(len(rows))),
                           cell(None, links=[hh, mh], md_links=[hm, mm])])
-    matrix_rows = [[cell("/".join(key)), *[matrix_cell(cells[(key, c)], reports_root) if (key, c) in cells
-                                            else cell("—") for c in columns]]
-                   for key in sorted(order, key=lambda k: order[k])]
+    newest = [e[1] for e in cells.values()]
+    keys = sorted(order, key=lambda k: order[k])
+    any_row = {k: next(e[1] for (kk, _), e in cells.items() if kk == k) for k in keys}
+    matrix_rows = [[cell(labels[key]), *[matrix_cell(cells[(key, c)], reports_root) if (key, c) in cells
+                                         else cell("—") for c in columns]]
+                   for key in keys if not is_load(any_row[key])]
+    load_rows = [[cell(labels[key]), *[matrix_cell(cells[(key, c)], reports_root) if (key, c) in cells
+                                       else cell("—") for c in columns]]
+                 for key in keys if is_load(any_row[key])]
     sections = [
         {"title": "Runs", "callouts": [], "empty": None if runs_rows else "No run folders found.",
          "items": [{"table": {"columns": ["run", "target", "controller versions", "rows", "report"],
@@ -307,10 +327,13 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
          "intro": "Cell: verdict, observed value, the evidence plot and the run it comes from; when several runs "
                   "recorded the same assertion for a version, the newest row wins.",
          "empty": None if matrix_rows else "No ledger rows.",
-         "items": [{"table": {"columns": ["lane/step/assertion", *columns], "rows": matrix_rows, "head_col": True}}]
-         if matrix_rows else []},
+         "items": ([{"table": {"columns": ["lane/step/assertion", *columns], "rows": matrix_rows,
+                               "head_col": True}}] if matrix_rows else [])
+         + ([{"fold": {"summary": f"load per phase (emulated mesh): {len(load_rows)} row(s)", "items": [
+             {"table": {"columns": ["lane/step/assertion", *columns], "rows": load_rows, "head_col": True}}]}}]
+            if load_rows else [])},
     ]
-    history = neighbours_section([e[1] for e in cells.values()])
+    history = neighbours_section(newest)
     if history is not None:
         sections.append(history)
     for lane in LANES:
@@ -318,7 +341,11 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
         entries = {(c, k[1], k[2]): e for (k, c), e in exact_cells.items() if k[0] == lane.key}
         for sec in lane.report_sections(lane_cells, reports_root):
             sections.append(_lane_section(sec, entries, reports_root))
-    page = {"title": "Drills — controller version × assertion matrix", "meta": [],
+    run_of = {id(e[1]): e[2] for e in cells.values()}
+    page = {"title": "Drills — controller version × assertion matrix",
+            "headlines": headline_items(newest, lambda r: evidence_path(run_of[id(r)], r.get("evidence")),
+                                        reports_root),
+            "meta": [],
             "notes": ([EMULATION_NOTE] if any_load else []) + [WEIGHT_NOTE], "sections": sections}
     return render(page, reports_root / "matrix.html", reports_root / "matrix.md")
 

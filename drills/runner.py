@@ -201,7 +201,7 @@ class Run:
                     kw = {"controller_binary": binary.path, "crds_dir": binary.crds,
                           "reported_version": binary.reported, "crd_warning": binary.crd_warning}
                 self.log(f"run {self.run_id}: cluster {c.name} for "
-                         + (f"user-built {binary.label} (sha256 of {binary.path.name}), CRDs from {binary.crds}"
+                         + (f"user-built {binary.label} ({binary.path}, sha256 {binary.sha256}), CRDs from {binary.crds}"
                             if binary else key))
                 c.up(leg.controller, build=False, **kw)
                 self.clusters[key] = c
@@ -247,7 +247,7 @@ class Run:
                 res.rc = subprocess.call(cmd, cwd=str(config.project_root()), env=env, stdout=out,
                                          stderr=subprocess.STDOUT)
         except (ClusterError, ClusterInputError, BadInput) as e:
-            res.error = f"cluster for {leg.controller}: {e}"
+            res.error = f"cluster for {leg.label or leg.controller}: {e}"
             res.rc = 2 if isinstance(e, (ClusterInputError, BadInput)) else 1
         except Exception as e:   # a leg never takes the run down: it fails with its reason
             res.error = f"{type(e).__name__}: {e}"
@@ -356,42 +356,6 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
     log(f"run {run_dir.name}: {len(plan)} leg(s) in {wall:.0f}s wall (the legs' own durations sum to "
         f"{legs_sum:.0f}s)")
     return code, run_dir, rows
-
-
-def summary_table(rows: list[dict]) -> str:
-    versions = sorted({r["controller_version"] for r in rows}, key=_vkey)
-    keys = []
-    for r in rows:
-        k = (r["lane"], r["step"], r["assertion"])
-        if k not in keys:
-            keys.append(k)
-    cells = {(r["lane"], r["step"], r["assertion"], r["controller_version"]): r for r in rows}
-    head = f"{'lane/step':<14} {'assertion':<60} " + " ".join(f"{v:>18}" for v in versions)
-    lines = [head, "-" * len(head)]
-    for lane, step, assertion in keys:
-        vals = []
-        for v in versions:
-            r = cells.get((lane, step, assertion, v))
-            vals.append(f"{(r['verdict'] + ' ' + _short(r['observed'])) if r else '-':>18}")
-        lines.append(f"{lane + '/' + step:<14} {assertion[:60]:<60} " + " ".join(vals))
-    n_fail = sum(r["verdict"] == FAIL for r in rows)
-    n_inc = sum(r["verdict"] == INCONCLUSIVE for r in rows)
-    lines.append(f"{len(rows)} assertions: {sum(r['verdict'] == PASS for r in rows)} pass, {n_fail} fail, "
-                 f"{n_inc} inconclusive, {sum(r['verdict'] in ('unverified', 'not_applicable') for r in rows)} "
-                 f"unverified/not applicable")
-    return "\n".join(lines)
-
-
-def _short(v) -> str:
-    s = str(v)
-    return s if len(s) <= 8 else s[:7] + "…"
-
-
-def _vkey(v: str):
-    try:
-        return config.version_tuple(v.split("+")[0])
-    except ValueError:
-        return (999, 0, 0)
 
 
 # --- shards merged into one run folder -------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Upgrade classification: a candidate controller's ledger rows against a baseline's, change by change.
 
-Rows pair by (lane, step, assertion), the assertion normalised first: a parenthetical that only names
-source lines -- ``(:245)``, ``(backward search :250, end-of-steps :266)``, ``(lines unknown)`` -- is dropped,
-because every version names its own lines of the same branch (the original texts stay on each Change).
+Rows pair by their assertion's stable id (``lane/step/key``, drills.answer), however the sentence is worded; a
+row recorded without an id pairs by (lane, step, assertion), the assertion normalised first: a parenthetical that
+only names source lines -- ``(:245)``, ``(backward search :250, end-of-steps :266)``, ``(lines unknown)`` -- is
+dropped, because every version names its own lines of the same branch (the original texts stay on each Change).
 Each pair gets one class, judged by its assertion's declared direction (fixtures/upgrade/directions.yaml,
 described there):
 
@@ -15,12 +16,13 @@ The directions are data, next to the lanes' other fixtures (expectations, thresh
 and saying which way is better are one edit in one place, readable without the code, and validated on load
 (an unknown direction or key is an error, and the last entry matches every row, so none is undeclared).
 
-Exit rule (DESIGN.md §6 precedence): 2 bad input > 1 something regressed > 3 a pair or leg inconclusive > 0.
+Exit rule (DESIGN.md §6 precedence): 2 bad input > 1 something regressed, or the candidate shows a hazard the
+baseline lacks (a ``hazard`` row whose exposure the candidate shows and the baseline does not, or a ``new`` or
+``changed`` hazard row the candidate shows: whatever its class) > 3 a pair or leg inconclusive > 0.
 """
 from __future__ import annotations
 
 import fnmatch
-import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from . import config
+from .answer import HAZARD, controller_label, declared, keyer, strip_line_refs
 from .ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, VERDICTS, finite_number
 
 SAME, IMPROVED, REGRESSED, CHANGED, NEW, GONE = "same", "improved", "regressed", "changed", "new", "gone"
@@ -40,10 +43,6 @@ REAL = (PASS, FAIL, UNVERIFIED)           # verdicts that carry an observation
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 
-# a parenthetical naming only source lines (":245", "backward search :250, end-of-steps :266") or saying
-# the lines are unknown
-_LINE_PAREN_RE = re.compile(r"\s*\((?:[^()]*?:\d+[^()]*|lines unknown)\)")
-
 
 class UpgradeInputError(ValueError):
     """Rows or declarations that cannot be classified (exit 2)."""
@@ -54,8 +53,8 @@ def directions_file() -> Path:
 
 
 def normalise_assertion(text: str) -> str:
-    """The assertion without its source line references: the pairing key across versions."""
-    return re.sub(r"\s{2,}", " ", _LINE_PAREN_RE.sub("", str(text))).strip()
+    """The assertion without its source line references: the pairing key across versions (rows without ids)."""
+    return strip_line_refs(text)
 
 
 # --- declarations ---------------------------------------------------------------------------------------
@@ -124,6 +123,20 @@ class Change:
     baseline: dict | None = None
     candidate: dict | None = None
     danger: bool = False
+    id: str | None = None               # the assertion's stable id (lane/step/key)
+    polarity: str = "neutral"
+
+    @property
+    def new_hazard(self) -> bool:
+        """The candidate shows a hazard the baseline lacks: its exposure seen on the candidate and not on the
+        baseline, or a new or changed hazard row the candidate shows -- whatever the pair's class.  The baseline
+        must have said something of it (an observation, or not applicable): a baseline row that is missing or
+        inconclusive is missing evidence (inconclusive), not the hazard's absence."""
+        if self.polarity != HAZARD or self.candidate is None or declared(self.candidate)["shows"] is not True:
+            return False
+        if self.baseline is None or self.baseline.get("verdict") not in (*REAL, NOT_APPLICABLE):
+            return False
+        return declared(self.baseline)["shows"] is not True or self.cls in (NEW, CHANGED)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -142,20 +155,19 @@ class Change:
             return None if r is None else {k: r.get(k) for k in (
                 "controller_version", "controller_sha256", "run_id", "assertion", "expected", "observed", "verdict",
                 "reason", "evidence")}
-        return {"class": self.cls, "lane": self.lane, "step": self.step, "assertion": self.assertion,
+        return {"class": self.cls, "id": self.id, "lane": self.lane, "step": self.step, "assertion": self.assertion,
+                "polarity": self.polarity, "new_hazard": self.new_hazard,
                 "direction": self.direction, "words": self.words, "danger": self.danger,
                 "baseline": side(self.baseline), "candidate": side(self.candidate)}
 
 
 def column_of(row: dict) -> str:
-    """A controller as the matrix names it: its version, plus the sha256 of a user-built binary."""
-    v = str(row.get("controller_version") or "unknown")
-    sha = row.get("controller_sha256")
-    return f"{v} (sha256 {str(sha)[:12]})" if sha else v
+    """A controller as the matrix names it: the release, or a user-built one's name (version plus commit)."""
+    return controller_label(row)
 
 
-def _index(rows, side: str) -> dict[tuple, dict]:
-    """Rows by pairing key; of several rows with one key the newest (recorded_at, then order) stands."""
+def _index(rows, side: str, key=None) -> dict[str, dict]:
+    """Rows by pairing key (their id); of several rows with one key the newest (recorded_at, then order)."""
     if not isinstance(rows, (list, tuple)):
         raise UpgradeInputError(f"{side} rows: expected a list of ledger rows, got {type(rows).__name__}")
     out: dict[tuple, tuple] = {}
@@ -167,10 +179,10 @@ def _index(rows, side: str) -> dict[tuple, dict]:
             raise UpgradeInputError(f"{side} row {i}: missing {', '.join(missing)}")
         if r["verdict"] not in VERDICTS:
             raise UpgradeInputError(f"{side} row {i}: unknown verdict {r['verdict']!r}")
-        key = (str(r["lane"]), str(r["step"]), normalise_assertion(r["assertion"]))
+        k = (key or keyer(rows))(r)
         rank = (str(r.get("recorded_at") or ""), i)
-        if key not in out or rank > out[key][0]:
-            out[key] = (rank, r)
+        if k not in out or rank > out[k][0]:
+            out[k] = (rank, r)
     return {k: v[1] for k, v in out.items()}
 
 
@@ -258,8 +270,9 @@ def _order_class(b: dict, c: dict) -> tuple[str, str]:
     return CHANGED, f"{_fmt(ob)} -> {_fmt(oc)} (neither is the opposite order's {_fmt(opposite)})"
 
 
-def _pair(key: tuple, b: dict | None, c: dict | None, decls: list[Declaration]) -> Change:
-    lane, step, assertion = key
+def _pair(key: str, b: dict | None, c: dict | None, decls: list[Declaration]) -> Change:
+    either = c if c is not None else b
+    lane, step, assertion = str(either["lane"]), str(either["step"]), normalise_assertion(either["assertion"])
     d = declaration_for(lane, step, assertion, decls)
     real_b = b is not None and b["verdict"] in REAL
     real_c = c is not None and c["verdict"] in REAL
@@ -287,7 +300,8 @@ def _pair(key: tuple, b: dict | None, c: dict | None, decls: list[Declaration]) 
         danger = True
         ctx = {"baseline": b or {}, "candidate": c}
         words = _Formatter().vformat(" ".join(d.danger_words.split()), (), ctx)
-    return Change(lane, step, assertion, cls, d.direction, words, b, c, danger)
+    return Change(lane, step, assertion, cls, d.direction, words, b, c, danger, id=key,
+                  polarity=declared(either)["polarity"])
 
 
 def _one_controller(idx: dict, side: str) -> None:
@@ -300,7 +314,8 @@ def classify(baseline_rows: list[dict], candidate_rows: list[dict],
              directions: list[Declaration] | None = None) -> list[Change]:
     """Pair every (lane, step, assertion) of two controllers' rows and classify each pair."""
     decls = directions if directions is not None else load_directions()
-    b_idx, c_idx = _index(baseline_rows, "baseline"), _index(candidate_rows, "candidate")
+    key = keyer(*(x for x in (baseline_rows, candidate_rows) if isinstance(x, (list, tuple))))
+    b_idx, c_idx = _index(baseline_rows, "baseline", key), _index(candidate_rows, "candidate", key)
     _one_controller(b_idx, "baseline")
     _one_controller(c_idx, "candidate")
     order: dict[tuple, int] = {}
@@ -346,10 +361,16 @@ def count_classes(changes: list[Change]) -> dict[str, int]:
     return {c: sum(1 for ch in changes if ch.cls == c) for c in CLASSES}
 
 
+def new_hazards(changes: list[Change]) -> list[Change]:
+    """The hazards the candidate shows and the baseline lacks (each one gates the upgrade)."""
+    return [c for c in changes if c.new_hazard]
+
+
 def exit_code(changes: list[Change], inconclusive_legs: int = 0) -> int:
-    """1 something regressed > 3 a pair or leg inconclusive > 0 (bad input, 2, is raised as UpgradeInputError)."""
+    """1 something regressed or a new hazard > 3 a pair or leg inconclusive > 0 (bad input, 2, is raised as
+    UpgradeInputError)."""
     classes = {c.cls for c in changes}
-    if REGRESSED in classes:
+    if REGRESSED in classes or new_hazards(changes):
         return EXIT_REGRESSED
     if INCONCLUSIVE_PAIR in classes or inconclusive_legs:
         return EXIT_INCONCLUSIVE
@@ -370,6 +391,20 @@ def _cell(row: dict | None) -> str:
     if row is None:
         return "no row"
     return "n/a" if row["verdict"] == NOT_APPLICABLE else _fmt(row.get("observed"))
+
+
+def hazard_lines(changes: list[Change]) -> list[str]:
+    """One line per hazard the candidate shows and the baseline lacks: what it is, what was seen, the evidence."""
+    out = []
+    for c in new_hazards(changes):
+        k = c.candidate or {}
+        cond = declared(k)["condition"]
+        what = c.words if c.danger else (f"{c.assertion}: observed {_fmt(k.get('observed'))} on the candidate; "
+                                         f"baseline: {_cell(c.baseline)} ({_reason(c.baseline)})")
+        out.append(f"!! HAZARD on {column_of(k)} that {column_of(c.baseline) if c.baseline else 'the baseline'} "
+                   f"lacks{f' (with {cond})' if cond else ''}: {what} [{c.id}, {c.cls}"
+                   + (f"; evidence {k['evidence']}" if k.get("evidence") else "") + "]")
+    return out
 
 
 def changes_table(changes: list[Change], include_same: bool = False, width: int = 160) -> str:

@@ -7,7 +7,9 @@ parallel when the machine holds it: one embedded cluster per side), into one run
 (drills.upgrade) goes into ``upgrade.json`` beside the ledger, which the run's report turns into its first
 section: the table of changes, then both timelines of each changed drill in one picture.
 
-Exit: 2 bad input (or a leg refused its target), 1 something regressed, 3 a pair or a leg inconclusive, 0.
+Exit: 2 bad input (or a leg refused its target), 1 something regressed or the candidate shows a hazard the
+baseline lacks (whatever its class), 3 a pair or a leg inconclusive, 0.  ``upgrade.json`` opens with the
+answer per side (drills.answer's headline) and the new hazards, which the console prints first.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import config, lanes, legs, runner, upgrade
+from . import config, lanes, legs, provenance, runner, upgrade
+from .answer import headline
 from .branches import SourceMapError, find_branches, source_file
 from .controller_binary import ControllerBinaryError, inspect_binary
 from .errors import EXIT_BAD_INPUT, BadInput
@@ -54,9 +57,8 @@ def user_binary(path: str, crds: str | None, source: str | None,
         raise BadInput(str(e)) from None
     if info.crd_warning and log:
         log(f"warning: {info.crd_warning}")
-    # a leg of a user-built controller is named apart from every release's, whatever version it reports
-    label = info.version if info.version not in config.SUPPORTED_CONTROLLERS else f"{info.version}-{info.sha256[:12]}"
-    return runner.Binary(path=info.path, crds=info.crds_dir, reported=info.reported, label=label,
+    # named by what it is (its version plus its commit), apart from every release whatever version it reports
+    return runner.Binary(path=info.path, crds=info.crds_dir, reported=info.reported, label=info.name,
                          source=Path(tree) if tree else None, release=info.nearest_release,
                          crd_warning=info.crd_warning, sha256=info.sha256), info.sha256
 
@@ -103,7 +105,9 @@ def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[
     changes = upgrade.classify(base, cand)
     missing_sides = [name for name, got in ((sides.baseline, base), (sides.candidate, cand)) if not got]
     code = upgrade.exit_code(changes, inconclusive_legs + len(missing_sides))
-    doc = {"baseline": sides.baseline, "candidate": sides.candidate, "candidate_sha256": sides.sha256,
+    doc = {"headlines": [headline(base, sides.baseline), headline(cand, sides.candidate)],
+           "new_hazards": upgrade.hazard_lines(changes),
+           "baseline": sides.baseline, "candidate": sides.candidate, "candidate_sha256": sides.sha256,
            "candidate_binary": str(sides.binary.path) if sides.binary else None,
            "crd_warning": sides.binary.crd_warning if sides.binary else None,
            "lanes": lane_keys, "counts": upgrade.count_classes(changes), "exit": code,
@@ -136,7 +140,8 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
         cand = legs.plan([sides.candidate], keys, args.variant)
     plan = interleave(base, cand)
     env = {"DRILLS_AVAILABILITY_CONTROL": "on", "DRILLS_ROLLBACK_VIA": "gitops"}
-    meta = {"upgrade": {"baseline": sides.baseline, "candidate": sides.candidate}, "all_legs": [x.id for x in plan]}
+    meta = {"upgrade": {"baseline": sides.baseline, "candidate": sides.candidate}, "all_legs": [x.id for x in plan],
+            **provenance.stamp(config.KUBERNETES_VERSION)}
     run_code, run_dir, rows = runner.run(plan, jobs=args.jobs, env=env, binaries=[sides.binary] if sides.binary else [],
                                          keep_cluster=args.keep_cluster, meta=meta, log=log)
     if run_code == EXIT_BAD_INPUT:

@@ -95,8 +95,8 @@ def neighbours_section(rows: list[dict]) -> dict | None:
         shown = [ch for ch in st.changes if ch.cls != SAME]
         summary = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no rows"
         detail = "; ".join(f"{ch.cls}: {ch.lane}/{ch.step} — {ch.words}" for ch in shown) or "nothing changed"
-        out.append([cell(f"{st.from_column} → {st.to_column}", strong=any(ch.cls == REGRESSED or ch.danger
-                                                                          for ch in shown)),
+        out.append([cell(f"{st.from_column} → {st.to_column}", strong=any(ch.cls == REGRESSED or ch.danger or
+                                                                          ch.new_hazard for ch in shown)),
                     cell(summary), cell(fmt_value(detail, 600))])
     return {"title": "What changed from one tested release to the next", "callouts": [],
             "intro": "Each release's newest rows against the previous release's, paired and classified as drills "

@@ -81,6 +81,9 @@ def test_upgrade_check_classifies_the_run_from_the_first_version_to_the_last(lan
         # the field does not exist before v1.9: the hazard appears with the upgrade, said in words
         assert hazard is not None and hazard["class"] == "new" and hazard["danger"], hazard
         assert "the prescription no longer holds" in hazard["words"], hazard
+        # a hazard the baseline lacks gates the upgrade, whatever its class, and is named first
+        assert code == 1 and hazard["new_hazard"] and doc["new_hazards"], (code, doc["new_hazards"])
+        assert list(doc)[:2] == ["headlines", "new_hazards"]
         assert by_step[("a", "before")]["class"] == by_step[("a", "after")]["class"] == "same", by_step
     md = (run_dir / "report.md").read_text()
     assert f"## Upgrade check: {versions[0]} → {versions[-1]}" in md

@@ -308,7 +308,9 @@ def test_drills_report_default_and_explicit(tmp_path, monkeypatch, capsys):
 
     args = parser().parse_args(["report"])
     assert args.func is cmd_report and args.func(args) == 0
-    assert capsys.readouterr().out.split() == [str(reports / "matrix.html"), str(reports / "matrix.md")]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("prescription holds on v1.8.2: "), out       # the answer first, then the rows
+    assert out[-2:] == [f"matrix: {reports / 'matrix.html'}", f"        {reports / 'matrix.md'}"], out
     assert "20251129T170000Z-11" in (reports / "matrix.md").read_text()
 
     (reports / "matrix.md").unlink()

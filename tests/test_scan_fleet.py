@@ -26,7 +26,7 @@ def drills(*args):
 
 
 def scan_json(*args) -> dict:
-    r = drills("scan", *args, "--json")
+    r = drills("scan", *args, "--json", "--fail-on", "none")      # report only: the fixture fleet is exposed
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 

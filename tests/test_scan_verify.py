@@ -19,7 +19,8 @@ from drills.scan.advice import WAVES
 def test_verify_agrees_with_the_probe_on_every_shape_it_picks(cluster, controller_version, tmp_path):
     env = dict(os.environ, DRILLS_REPORTS=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "drills", "scan", "--fleet", str(config.fixtures_dir() / "fleet"),
-                        "--env", "stage,prod", "--controller", controller_version, "--verify", "3", "--json"],
+                        "--env", "stage,prod", "--controller", controller_version, "--verify", "3", "--json",
+                        "--fail-on", "none"],
                        capture_output=True, text=True, timeout=1800, cwd=config.project_root(), env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)

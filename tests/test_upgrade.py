@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from drills import branches, config, load, upgrade
-from drills.ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, Ledger, read_rows
+from drills.answer import condition_of, exposed, peak_fact
+from drills.ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, Ledger, read_rows
 from drills.report import write_matrix
 
 # DESIGN.md §2: backward search / mid-steps / end of steps per release
 LINES = {"v1.7.2": (217, 227, 233), "v1.8.2": (245, 255, 261), "v1.8.5": (245, 255, 261),
          "v1.9.3": (250, 260, 266), "v1.10.2": (250, 260, 266)}
 PEAK = "peak canary weight while the revived ReplicaSet is below its desired count"
-HAZARD = "hazard-replica-progress-threshold"
+HAZARD_STEP = "hazard-replica-progress-threshold"
 RPT = {"replicaProgressThreshold": {"type": "Pods", "value": 1}}
 
 
@@ -46,20 +47,29 @@ def hazard_assertion(bm) -> str:
                                         if bm else f" ({branches.LINES_UNKNOWN})"))
 
 
-def record_lane_a(led: Ledger, before=100, after=5, exit_cap=5, healthy=True):
+def record_lane_a(led: Ledger, before=100, after=5, exit_cap=5, healthy=True, user_built=False):
+    """Lane a's rows as the lane records them: ids, polarities, what each shows, the headline's facts."""
     for step, peak, exp in (("before", before, 100), ("after", after, 5)):
-        led.record("a", step, PEAK, exp, peak, PASS if peak == exp else FAIL, evidence=f"{step}.timeline.jsonl",
+        weights = [[0.0, 0, 0, 2], [4.1, peak, 1, 2]]
+        polarity, shows = (HAZARD, exposed(weights)) if step == "before" else (HOLDS, peak <= 5)
+        led.record("a", step, PEAK, None if user_built else exp, peak,
+                   UNVERIFIED if user_built else (PASS if peak == exp else FAIL), evidence=f"{step}.timeline.jsonl",
+                   reason="a user-built controller" if user_built else None,
+                   key="peak-weight", polarity=polarity, shows=shows, fact=peak_fact(step.upper(), peak, weights),
                    variant="stage", steps="5,pause:10s,100" if step == "before" else "5,pause:10s",
                    rollback_via="gitops", partial_window_observed=True, exposure_seconds=14.2,
-                   weights_while_partial=[[0.0, 0, 0, 2], [4.1, peak, 1, 2]], revived_replicaset="6d5f7c9b8")
+                   weights_while_partial=weights, revived_replicaset="6d5f7c9b8")
     led.record("a", "cut-steps", "steps after the cut (final setWeight removed), Rollout Healthy", "5,pause:10s",
-               "5,pause:10s (Healthy)", PASS, variant="stage")
-    led.record("a", "exit", "promote --full clears abort", False, False, PASS, evidence="exit.timeline.jsonl")
+               "5,pause:10s (Healthy)", PASS, key="steps-cut", variant="stage")
+    led.record("a", "exit", "promote --full clears abort", False, False, PASS, evidence="exit.timeline.jsonl",
+               key="abort-cleared", polarity=HOLDS, shows=True, variant="stage")
     led.record("a", "exit", "weight never above its value at promote --full until the revived ReplicaSet is "
-               "fully available", "<= 5", exit_cap, PASS if exit_cap <= 5 else FAIL, evidence="exit.timeline.jsonl")
+               "fully available", "<= 5", exit_cap, PASS if exit_cap <= 5 else FAIL, evidence="exit.timeline.jsonl",
+               key="weight-capped", polarity=HOLDS, shows=exit_cap <= 5, variant="stage")
     led.record("a", "exit", "Healthy at v1 after promote --full", "Healthy, stableRS = v1",
                "Healthy, stableRS = v1" if healthy else "Degraded: RolloutAborted", PASS if healthy else FAIL,
-               evidence="exit.timeline.jsonl")
+               evidence="exit.timeline.jsonl", key="healthy", polarity=HOLDS, shows=healthy,
+               fact="exit Healthy" if healthy else "exit not Healthy", variant="stage")
 
 
 def record_load(led: Ledger, step: str, exposure_failure: float, p95: float, requests: int = 400):
@@ -77,22 +87,26 @@ def record_load(led: Ledger, step: str, exposure_failure: float, p95: float, req
 def record_order(led: Ledger, version: str, bm, eos=50, mid=25, hazard=None):
     """hazard None: the version's CRD lacks the field (not_applicable); else the observed peak."""
     led.record("order", "end-of-steps", branches.order_assertion(bm, branches.END), 50, eos,
-               PASS if eos == 50 else FAIL, evidence="order-end-of-steps.timeline.jsonl",
+               PASS if eos == 50 else FAIL, evidence="order-end-of-steps.timeline.jsonl", key="branch-order",
+               polarity=HOLDS, shows=eos == 50,
                probe="rollback inside rollbackWindow, final rung not 100", steps="5,pause:10s,50", replicas=2,
                opposite_order_would_show=100, partial_window_observed=True, **_lines(bm))
     led.record("order", "mid-steps", branches.order_assertion(bm, branches.MID), 25, mid,
-               PASS if mid == 25 else FAIL, evidence="order-mid-steps.timeline.jsonl",
+               PASS if mid == 25 else FAIL, evidence="order-mid-steps.timeline.jsonl", key="branch-order",
+               polarity=HOLDS, shows=mid < 75,
                probe="normal deploy reaching a higher rung while the canary ReplicaSet is short",
                steps="25,pause:10s,75,pause", replicas=4, higher_rung=75, higher_rung_index=2,
                canary_target_at_rung=3, opposite_order_would_show=75, short_seconds=33.4,
                weights_while_short=[[1.2, 25, 1, 3], [19.6, 25, 2, 3]], **_lines(bm))
     if hazard is None:
-        led.record("order", HAZARD, hazard_assertion(bm), 5, None, NOT_APPLICABLE,
+        led.record("order", HAZARD_STEP, hazard_assertion(bm), 5, None, NOT_APPLICABLE, key="peak-weight",
+                   polarity=HAZARD, condition=condition_of(RPT),
                    reason="replicaProgressThreshold is not in spec.strategy.canary of this version's Rollout CRD "
                           f"schema (rollouts/{version}/crds/rollout-crd.yaml)", steps="5,pause:10s", **_lines(bm))
     else:
-        led.record("order", HAZARD, hazard_assertion(bm), 100, hazard, PASS if hazard == 100 else FAIL,
-                   evidence="order-hazard.timeline.jsonl", last_rung=5, steps="5,pause:10s", extra_canary=RPT,
+        led.record("order", HAZARD_STEP, hazard_assertion(bm), 100, hazard, PASS if hazard == 100 else FAIL,
+                   evidence="order-hazard.timeline.jsonl", key="peak-weight", polarity=HAZARD, shows=hazard > 5,
+                   condition=condition_of(RPT), last_rung=5, steps="5,pause:10s", extra_canary=RPT,
                    upstream_expected_peak=100, known_hazard=True, prescription_holds=hazard <= 5,
                    partial_window_observed=True, **_lines(bm))
 
@@ -191,12 +205,12 @@ def test_every_class_appears_on_recorded_ledgers(tmp_path):
     assert find(changes, "order", "end-of-steps").cls == upgrade.CHANGED
     assert find(changes, "a", "exit", "Healthy at v1").cls == upgrade.REGRESSED
     assert find(changes, "a", "before", "load.exposure.failure_ratio").cls == upgrade.INCONCLUSIVE_PAIR
-    hazard = find(changes, "order", HAZARD)
+    hazard = find(changes, "order", HAZARD_STEP)
     assert hazard.cls == upgrade.NEW and hazard.danger
 
     # gone: the same two ledgers the other way round (a downgrade check)
     back = upgrade.classify(cand, base)
-    gone = find(back, "order", HAZARD)
+    gone = find(back, "order", HAZARD_STEP)
     assert gone.cls == upgrade.GONE and not gone.danger
     assert "on the baseline only" in gone.words and "not in spec.strategy.canary" in gone.words
     assert classes | {c.cls for c in back} == set(upgrade.CLASSES)
@@ -207,7 +221,7 @@ def test_the_replica_progress_threshold_hazard_is_new_with_its_danger_in_words(t
     base = ledger_of(tmp_path, "v1.8.2", release("v1.8.2"))
     cand = ledger_of(tmp_path, "v1.10.2", release("v1.10.2", hazard=100))
     changes = upgrade.classify(base, cand)
-    hz = find(changes, "order", HAZARD)
+    hz = find(changes, "order", HAZARD_STEP)
     assert hz.cls == upgrade.NEW and hz.danger and hz.direction == upgrade.LOWER_IS_BETTER
     assert hz.baseline["verdict"] == NOT_APPLICABLE and hz.candidate["observed"] == 100
     w = hz.words
@@ -218,15 +232,27 @@ def test_the_replica_progress_threshold_hazard_is_new_with_its_danger_in_words(t
     assert "not recorded" not in w, w
     table = upgrade.changes_table(changes)
     assert "!! DANGER: the prescription no longer holds" in table, table
-    # nothing but the hazard changed: it is new, not a regression, so the check passes
+    # nothing but the hazard changed: it is new, not a regression, and yet it gates the upgrade (exit 1): the
+    # candidate shows a hazard the baseline lacks, whatever its class
     assert [c.cls for c in changes if c.cls != upgrade.SAME] == [upgrade.NEW]
-    assert upgrade.exit_code(changes) == upgrade.EXIT_OK
+    assert hz.new_hazard and upgrade.new_hazards(changes) == [hz]
+    assert upgrade.exit_code(changes) == upgrade.EXIT_REGRESSED
+    # a baseline that said nothing of it (no row, or an inconclusive one) is missing evidence, not its absence
+    no_base = upgrade.classify([r for r in base if r["lane"] != "order"], cand)
+    assert not upgrade.new_hazards(no_base)
+    unsure = [dict(r, verdict=INCONCLUSIVE, reason="the window closed") if r["step"] == HAZARD_STEP else r
+              for r in base]
+    assert not upgrade.new_hazards(upgrade.classify(unsure, cand))
+    (line,) = upgrade.hazard_lines(changes)
+    assert line.startswith("!! HAZARD on v1.10.2 that v1.8.2 lacks (with replicaProgressThreshold {type: Pods}): "
+                           "DANGER: the prescription no longer holds"), line
+    assert "order/hazard-replica-progress-threshold/peak-weight, new" in line, line
 
 
 def test_a_hazard_row_where_the_prescription_holds_carries_no_danger(tmp_path):
     base = ledger_of(tmp_path, "v1.8.2", release("v1.8.2"))
     cand = ledger_of(tmp_path, "v1.2.0", release("v1.2.0", bm=None, hazard=5), sha="cd" * 32)
-    hz = find(upgrade.classify(base, cand), "order", HAZARD)
+    hz = find(upgrade.classify(base, cand), "order", HAZARD_STEP)
     assert hz.cls == upgrade.NEW and not hz.danger and "DANGER" not in hz.words
 
 
@@ -275,7 +301,7 @@ def test_every_row_has_a_declared_direction():
         ("a", "before", PEAK), ("a", "after", f"{PEAK} [prod-shaped: replicas 20, minPodsPerReplicaSet 2]"),
         ("a", "before", "load.exposure.failure_ratio"), ("abort", "whole-service-query", "load.steady.p95_ms"),
         ("order", "mid-steps", "branch order: backward search (:250) before mid-steps (:260)"),
-        ("order", HAZARD, hazard_assertion(_bm("v1.9.3"))),
+        ("order", HAZARD_STEP, hazard_assertion(_bm("v1.9.3"))),
         ("a", "exit", "Healthy at v1 after promote --full"), ("b", "first-deploy", "Healthy at the new revision")]}
     assert list(got.values()) == [upgrade.LOWER_IS_BETTER] * 4 + [upgrade.ORDER_MUST_HOLD, upgrade.LOWER_IS_BETTER,
                                                                   upgrade.VERDICT, upgrade.VERDICT], got
@@ -312,7 +338,7 @@ def test_neighbouring_versions_of_a_merged_ledger(tmp_path):
         merged += ledger_of(tmp_path, v, release(v, hazard=100 if v in ("v1.9.3", "v1.10.2") else None))
     # a re-run of v1.8.5 recorded later: its row stands
     rerun = ledger_of(tmp_path / "rerun", "v1.8.5", lambda led: led.record(
-        "a", "before", PEAK, 100, 50, FAIL, evidence="before.timeline.jsonl"))
+        "a", "before", PEAK, 100, 50, FAIL, evidence="before.timeline.jsonl", key="peak-weight", polarity=HAZARD))
     rerun[0]["recorded_at"] = "9999-01-01T00:00:00Z"
     merged += rerun
     merged += ledger_of(tmp_path, "v1.2.0", release("v1.2.0", bm=None), sha="ef" * 32)   # not a release
@@ -330,7 +356,7 @@ def test_neighbouring_versions_of_a_merged_ledger(tmp_path):
         upgrade.SAME, "branch order: backward search (:217) before end-of-steps (:233)",
         "branch order: backward search (:245) before end-of-steps (:261)")
     new = [c for c in steps[2].changes if c.cls == upgrade.NEW]
-    assert [c.step for c in new] == [HAZARD] and new[0].danger
+    assert [c.step for c in new] == [HAZARD_STEP] and new[0].danger
     assert json.loads(json.dumps([c.as_dict() for c in steps[2].changes]))   # serialisable for --json
 
 
@@ -343,7 +369,7 @@ def test_changes_table_lists_changes_first_with_counts(tmp_path):
                                "0 gone, "), lines[0]
     assert lines[1].split()[:6] == ["class", "lane", "step", "baseline", "candidate", "assertion"]
     assert lines[2].startswith("regressed") and "mid-steps" in lines[2] and "25" in lines[2] and "75" in lines[2]
-    assert lines[4].split()[:5] == ["new", "order", HAZARD, "n/a", "100"], lines[4]
+    assert lines[4].split()[:5] == ["new", "order", HAZARD_STEP, "n/a", "100"], lines[4]
     assert lines[-1].endswith("same, not listed)")
     full = upgrade.changes_table(upgrade.classify(base, cand), include_same=True)
     assert "not listed" not in full and full.count("\nsame ") > 5
@@ -389,17 +415,39 @@ def _one_run_folder(tmp_path: Path) -> Path:
     return run
 
 
+def _identical_run(tmp_path: Path, run: Path) -> Path:
+    """The baseline's rows again as another release's (v1.8.5): a candidate identical to the baseline."""
+    out = tmp_path / "identical"
+    out.mkdir()
+    rows = [r for r in read_rows(run / "ledger.json") if r["controller_version"] == "v1.8.2"]
+    (out / "ledger.json").write_text(json.dumps(rows + [dict(r, controller_version="v1.8.5") for r in rows]))
+    return out
+
+
 def test_upgrade_check_on_recorded_runs_writes_the_change_table_and_both_timelines(tmp_path):
     run = _one_run_folder(tmp_path)
     r = subprocess.run([sys.executable, "-m", "drills", "upgrade-check", "--from", "v1.8.2", "--to", "v1.10.2",
                         "--runs", str(run), "--lanes", "a,order,abort"], capture_output=True, text=True, timeout=300,
                        cwd=str(config.project_root()), env={**os.environ, "DRILLS_REPORTS": str(tmp_path / "reports")})
-    assert r.returncode == 0, r.stdout + r.stderr          # improved and new, nothing regressed
+    # improved and new, nothing regressed, but the new hazard gates the upgrade and the first line names it
+    assert r.returncode == 1, r.stdout + r.stderr
+    first = r.stdout.splitlines()
+    assert first[0].startswith("!! HAZARD on v1.10.2 that v1.8.2 lacks (with replicaProgressThreshold "
+                               "{type: Pods}): DANGER: the prescription no longer holds"), first[:3]
+    assert first[1] == "prescription holds on v1.8.2: yes (BEFORE 100 on 1 of 2 pods → AFTER 5; exit Healthy)", first
+    assert first[2] == ("prescription holds on v1.10.2: yes (BEFORE 50 → AFTER 5; exit Healthy), except with "
+                        "replicaProgressThreshold {type: Pods} (100)"), first
     assert "v1.8.2 -> v1.10.2:" in r.stdout and "improved" in r.stdout, r.stdout
     assert "!! DANGER: the prescription no longer holds" in r.stdout, r.stdout
     doc = json.loads((run / "upgrade.json").read_text())
     assert doc["counts"]["new"] == 1 and doc["counts"]["improved"] == 1 and doc["counts"]["regressed"] == 0, doc
-    assert doc["exit"] == 0
+    assert doc["exit"] == 1 and list(doc)[:2] == ["headlines", "new_hazards"] and len(doc["new_hazards"]) == 1
+    same = subprocess.run([sys.executable, "-m", "drills", "upgrade-check", "--from", "v1.8.2", "--to", "v1.8.5",
+                           "--runs", str(_identical_run(tmp_path, run)), "--lanes", "a,order,abort"],
+                          capture_output=True, text=True, timeout=300, cwd=str(config.project_root()),
+                          env={**os.environ, "DRILLS_REPORTS": str(tmp_path / "reports")})
+    assert same.returncode == 0, same.stdout + same.stderr      # a candidate identical to the baseline
+    assert not same.stdout.startswith("!!") and "0 new" in same.stdout, same.stdout
     md = (run / "report.md").read_text()
     top = md.index("## Upgrade check: v1.8.2 → v1.10.2")
     assert top < md.index("## v1.8.2 · lane a"), md[:2000]        # the change table comes first

@@ -19,6 +19,7 @@ from kubernetes import client
 from drills import config
 from drills.cluster import EmbeddedCluster
 from drills.controller_binary import CRDS_FROM_NEAREST, CRDS_FROM_SOURCE, inspect_binary
+from drills.ledger import read_rows
 from drills.toolchain import Toolchain
 from drills.toolchain.build import sha256_file
 
@@ -128,7 +129,8 @@ def test_upgrade_check_classifies_a_user_built_controller_against_its_baseline(t
                        timeout=1800, env=dict(os.environ, **env), cwd=str(config.project_root()))
     assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-4000:]
     doc = json.loads(r.stdout)
-    assert (doc["baseline"], doc["candidate"], doc["candidate_sha256"]) == (RELEASE, "v1.2.0", sha256_file(binary))
+    name = f"v1.2.0+{sha256_file(binary)[:12]}"           # the laid-out tree is no git checkout: the sha256 prefix
+    assert (doc["baseline"], doc["candidate"], doc["candidate_sha256"]) == (RELEASE, name, sha256_file(binary))
     assert doc["crd_warning"] is None
     by = {(c["step"], c["assertion"]): c for c in doc["changes"]}
     peaks = [c for (step, a), c in by.items() if a.startswith("peak canary weight while")]
@@ -143,5 +145,21 @@ def test_upgrade_check_classifies_a_user_built_controller_against_its_baseline(t
     run_dir = (tmp_path / "reports" / "latest").resolve()
     assert (run_dir / "upgrade.json").is_file(), sorted((tmp_path / "reports").iterdir())
     md = (run_dir / "report.md").read_text()
-    assert f"## Upgrade check: {RELEASE} → v1.2.0" in md
+    assert f"## Upgrade check: {RELEASE} → {name}" in md and f"## {name} · lane a" in md
     assert f"sha256 {sha256_file(binary)[:12]}" in md
+    # no row of the candidate fails: its rows are observations (its load rows included: BEFORE's failure ratio
+    # is never held to the release threshold)
+    cand = [x for x in read_rows(run_dir / "ledger.json") if x.get("controller_sha256")]
+    assert cand and not [x for x in cand if x["verdict"] == "fail"], [x for x in cand if x["verdict"] == "fail"]
+    assert {x["controller_name"] for x in cand} == {name}
+    first_screen = md.split("\n## ")[0]           # both sides' answers before any section
+    assert f"**prescription holds on {RELEASE}: yes" in first_screen and \
+        f"**prescription holds on {name}: " in first_screen, md[:600]
+    # named by what it is everywhere: leg ids, cluster, test ids, plot titles; never by the nearest release
+    legs = json.loads((run_dir / "run.json").read_text())["legs"]
+    assert {leg["id"] for leg in legs} == {f"{RELEASE}/a/stage", f"{name}/a/stage"}
+    junit = [p for p in run_dir.glob("junit-*.xml") if name.replace("+", "-") in p.name or name in p.name]
+    assert junit and f"[{name}]" in junit[0].read_text() and "v1.7.2" not in junit[0].read_text()
+    titles = [json.loads(p.read_text()).get("title", "") for p in (run_dir / name).rglob("*.series.json")]
+    assert titles and all(f"({name})" in t and "v1.7.2" not in t for t in titles), titles
+

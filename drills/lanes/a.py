@@ -10,12 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import timeline
+from ..answer import exposed, peak_fact
 from ..kit import DrillRollout, Observation
-from ..ledger import FAIL, INCONCLUSIVE, PASS
+from ..ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, PASS
 from ..phases import PhasedLoad
 from ..rollout import healthy_at
 from ..shapes import RolloutSpec
-from ..steps import steps_text
+from ..steps import last_set_weight, steps_text
 from ..wait import WaitTimeout
 from .base import LaneContext, Runbook, StepFailed, step
 
@@ -37,7 +38,7 @@ class LaneA(Runbook):
                                            availability_control=ctx.options.get("availability_control", True),
                                            rollback_via=ctx.options.get("rollback_via", "gitops"))
         self.drill = DrillRollout(ctx.api, ctx.namespace, spec, Path(ctx.evidence_dir) / f"lane-a-{ctx.variant}",
-                                  log=ctx.log, controller_version=ctx.version, audit_log=ctx.audit_log)
+                                  log=ctx.log, controller_version=ctx.name, audit_log=ctx.audit_log)
         self.load: PhasedLoad | None = None
         self.load_rows: list[dict] = []
 
@@ -46,16 +47,32 @@ class LaneA(Runbook):
         return text if self.ctx.variant == "stage" else f"{text} [prod-shaped: replicas {self.fx['replicas']}, " \
                                                         f"minPodsPerReplicaSet {self.fx['minPodsPerReplicaSet']}]"
 
+    def _key(self, key: str) -> str:
+        """The assertion's key: the prod-shaped variant's rows are ids of their own."""
+        return key if self.ctx.variant == "stage" else f"{key}.{self.ctx.variant}"
+
+    def _fact(self, text: str | None) -> str | None:
+        return text if text is None or self.ctx.variant == "stage" else f"prod-shaped {text}"
+
     def close(self) -> None:
         if self.load:
             self.load.close()
         self.drill.cleanup()
 
     def _peak_row(self, step_name: str, obs: Observation) -> dict:
+        """BEFORE is the incident reproduced (hazard: a weight above the share of pods that carry it); AFTER is the
+        prescription holding (the weight while partial no higher than the last rung of the cut steps)."""
         verdict, reason = obs.verdict(self.expected(step_name), self.no_expectation)
         d = self.drill
+        peak = obs.peak_canary_weight_while_partial
+        if step_name == "before":
+            polarity, shows = HAZARD, exposed(obs.weights_while_partial)
+        else:
+            polarity, shows = HOLDS, None if peak is None else peak <= last_set_weight(d.spec.steps)
         return self.row(step_name, self._assertion(ASSERT_PEAK), self.expected(step_name),
-                        obs.peak_canary_weight_while_partial, verdict, evidence=obs.timeline, reason=reason,
+                        peak, verdict, evidence=obs.timeline, reason=reason, key=self._key("peak-weight"),
+                        polarity=polarity, shows=shows,
+                        fact=self._fact(peak_fact(step_name.upper(), peak, obs.weights_while_partial)),
                         variant=self.ctx.variant, steps=steps_text(d.spec.steps), rollback_via=d.spec.rollback_via,
                         partial_window_observed=obs.partial_window_observed, exposure_seconds=obs.exposure_seconds,
                         window_evidence=obs.window_evidence, weights_while_partial=obs.weights_while_partial,
@@ -75,8 +92,10 @@ class LaneA(Runbook):
     def deploy_v1(self) -> None:
         self.drill.deploy_v1()
         if self.ctx.cluster is not None and self.ctx.variant == "stage":
+            # a user-built controller's load figures are observations: no threshold of a release fails them
             self.load = PhasedLoad(self.ctx.cluster, self.drill.ns, self.drill.name, self.drill.evidence_dir / "load",
-                                   lane=self.key)
+                                   lane=self.key,
+                                   judged=self.no_expectation if self.ctx.options.get("user_built") else None)
 
     @step("deploy_v1")
     def deploy_v2(self) -> None:
@@ -111,7 +130,7 @@ class LaneA(Runbook):
         ok = observed == steps and ro["status"].get("phase") == "Healthy"
         return self.row("cut-steps", self._assertion("steps after the cut (final setWeight removed), Rollout Healthy"),
                         steps_text(steps), steps_text(observed) + f" ({ro['status'].get('phase')})",
-                        PASS if ok else FAIL, variant=self.ctx.variant)
+                        PASS if ok else FAIL, key=self._key("steps-cut"), variant=self.ctx.variant)
 
     @step("cut_steps")
     def redeploy_v2(self) -> None:
@@ -154,7 +173,7 @@ class LaneA(Runbook):
         obs = rec.finish(extra)
         ex = timeline.exit_analysis(timeline.load(Path(obs.timeline)), d.hash_v1, replicas=d.spec.replicas)
         return exit_rows(self, obs, ex, res, partial_at_exit, weight_after_abort, healthy_ok, healthy_err,
-                         variant=self.ctx.variant, label=self._assertion)
+                         variant=self.ctx.variant, label=self._assertion, key=self._key, fact=self._fact)
 
     @step("exit")
     def load_felt(self) -> list[dict]:
@@ -171,10 +190,11 @@ class LaneA(Runbook):
 
 
 def exit_rows(lane: Runbook, obs, ex: dict, res, partial_at_exit: bool, weight_after_abort, healthy_ok: bool,
-              healthy_err: str | None, variant: str, label=lambda text: text, window_missed: str | None = None
-              ) -> list[dict]:
+              healthy_err: str | None, variant: str, label=lambda text: text, window_missed: str | None = None,
+              key=lambda k: k, fact=lambda text: text) -> list[dict]:
     """The exit's rows (embedded and live): abort cleared by promote --full, the weight never above its value then
-    until the revived ReplicaSet is fully available, Healthy at v1; inconclusive when the posture was not reached."""
+    until the revived ReplicaSet is fully available, Healthy at v1; inconclusive when the posture was not reached.
+    Each is evidence that the prescription's exit holds (polarity holds)."""
     ev = obs.timeline
     reason = None
     if res is None:
@@ -192,21 +212,26 @@ def exit_rows(lane: Runbook, obs, ex: dict, res, partial_at_exit: bool, weight_a
         return INCONCLUSIVE if reason else (PASS if ok else FAIL)
 
     cap = ex["max_weight_until_available"]
+    cleared = None if ex["abort_after_promote_full"] is None else ex["abort_after_promote_full"] is False
     return [
         # None: no Rollout status after promote --full in the recording, so nothing to judge (never a fail)
         lane.row("exit", label("promote --full clears abort"), False, ex["abort_after_promote_full"],
                  INCONCLUSIVE if ex["abort_after_promote_full"] is None and not reason
                  else verdict(ex["abort_after_promote_full"] is False), evidence=ev,
                  reason=reason or (None if ex["abort_after_promote_full"] is not None else
-                                   "the recording has no Rollout status after promote --full"), **details),
+                                   "the recording has no Rollout status after promote --full"),
+                 key=key("abort-cleared"), polarity=HOLDS, shows=cleared, **details),
         lane.row("exit", label("weight never above its value at promote --full until the revived ReplicaSet is "
                                "fully available"),
                  f"<= {ex['weight_at_promote_full']}", cap,
                  INCONCLUSIVE if reason or cap is None else (PASS if cap <= ex["weight_at_promote_full"] else FAIL),
                  evidence=ev, reason=reason or (None if cap is not None else
                                                 "the revived ReplicaSet never became fully available in the recording"),
+                 key=key("weight-capped"), polarity=HOLDS,
+                 shows=None if cap is None else cap <= ex["weight_at_promote_full"],
                  series_text=f"canary weights after promote --full: {ex['weights_after']}", **details),
         lane.row("exit", label("Healthy at v1 after promote --full"), "Healthy, stableRS = v1",
                  "Healthy, stableRS = v1" if healthy_ok else healthy_err, verdict(healthy_ok), evidence=ev,
-                 reason=reason, **details),
+                 reason=reason, key=key("healthy"), polarity=HOLDS, shows=healthy_ok,
+                 fact=fact("exit Healthy" if healthy_ok else "exit not Healthy"), **details),
     ]

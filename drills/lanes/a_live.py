@@ -15,8 +15,9 @@ from pathlib import Path
 from kubernetes import client
 
 from .. import timeline
+from ..answer import exposed, peak_fact
 from ..kit import DrillRollout, Observation
-from ..ledger import FAIL, PASS
+from ..ledger import FAIL, HAZARD, HOLDS, PASS
 from ..phases import PhasedLoad
 from ..podtemplate import container_images, with_image
 from ..rollout import HASH_LABEL, healthy_at
@@ -54,8 +55,13 @@ class LiveLaneA(Runbook):
 
     def _peak_row(self, step_name: str, steps: list, obs: Observation) -> dict:
         v, r = obs.verdict(last_set_weight(steps))
-        return self.row(step_name, ASSERT_PEAK, last_set_weight(steps), obs.peak_canary_weight_while_partial, v,
-                        evidence=obs.timeline, reason=r, mode="live", series_text=obs.describe())
+        peak = obs.peak_canary_weight_while_partial
+        polarity, shows = (HAZARD, exposed(obs.weights_while_partial)) if step_name == "before" else \
+            (HOLDS, None if peak is None else peak <= last_set_weight(steps))
+        return self.row(step_name, ASSERT_PEAK, last_set_weight(steps), peak, v, evidence=obs.timeline, reason=r,
+                        key="peak-weight", polarity=polarity, shows=shows,
+                        fact=peak_fact(step_name.upper(), peak, obs.weights_while_partial),
+                        weights_while_partial=obs.weights_while_partial, mode="live", series_text=obs.describe())
 
     @step()
     def before(self) -> dict:
@@ -76,7 +82,7 @@ class LiveLaneA(Runbook):
 
         def row(verdict: str) -> dict:
             return self.row("redeploy", "the redeploy changes only the application container's image", meant,
-                            rolled, verdict, mode="live", container=d.spec.container)
+                            rolled, verdict, key="image-only", mode="live", container=d.spec.container)
         if not ok:
             row(FAIL)
             raise StepFailed(f"the redeployed ReplicaSet runs {rolled}, not the template the drill meant ({meant})")

@@ -45,7 +45,7 @@ class LaneAbort(Runbook):
         ns = make_namespace(self.ctx.api, namespace_name(f"abort-{name}"))
         try:
             drill = SelfAbortDrill(self.ctx.api, self.ctx.cluster, ns, name, Path(self.ctx.evidence_dir),
-                                   self.ctx.version, self.fx, log=self.ctx.log)
+                                   self.ctx.name, self.fx, log=self.ctx.log)
             obs = drill.run()
         finally:
             drop_namespace(self.ctx.api, ns)
@@ -113,7 +113,7 @@ def outcome_rows(lane: "LaneAbort", obs: AbortObservation, expect: str | None) -
                             "rate is above the threshold",
             f"Failed, >= {need} failed measurements above threshold",
             f"{obs.run_phase}, {len(obs.measurements)} measurements, {obs.failed_above} failed above threshold",
-            v, evidence=ev, reason=r, **common))
+            v, evidence=ev, reason=r, key="analysis-fails", **common))
         ok = obs.aborted and obs.final_rollout.get("stableRS") == obs.hash_v2 and not obs.healthy_at_v1
         v, r = verdict(ok, reason)
         rows.append(lane.row(
@@ -121,14 +121,15 @@ def outcome_rows(lane: "LaneAbort", obs: AbortObservation, expect: str | None) -
             f"abort=true, stableRS={obs.hash_v2} (broken)",
             f"abort={str(obs.aborted).lower()}, phase={obs.final_rollout.get('phase')}, "
             f"stableRS={obs.final_rollout.get('stableRS')}", v, evidence=ev, reason=r,
-            message=obs.final_rollout.get("message"), **common))
+            message=obs.final_rollout.get("message"), key="aborted", **common))
         ok = obs.final_canary_weight == 0 and obs.aborted
         after = obs.load_phases.get("after") or {}
         v, r = verdict(ok, reason)
         rows.append(lane.row(
             obs.step, "traffic returns to the broken release: VirtualService canary weight back to 0",
             "canary weight 0 after the abort", f"canary weight {obs.final_canary_weight}; weights {obs.canary_weights}; "
-            f"5xx ratio after: {fmt(after.get('failure_ratio'))}", v, evidence=ev, reason=r, **common))
+            f"5xx ratio after: {fmt(after.get('failure_ratio'))}", v, evidence=ev, reason=r, key="weight-back",
+            **common))
     elif obs.step == "per-revision-query":
         reason = _counts_reason(obs)
         failed = sum(1 for m in obs.measurements if m["failed"])
@@ -141,7 +142,7 @@ def outcome_rows(lane: "LaneAbort", obs: AbortObservation, expect: str | None) -
             f"not Failed, < {need} failed measurements, >= {need} measurements above threshold",
             f"{obs.run_phase}, {len(obs.measurements)} measurements ({obs.measured_above} above threshold), "
             f"{failed} failed; the rolled-back revision served {obs.canary_requests} requests",
-            v, evidence=ev, reason=r, canary_requests=obs.canary_requests, **common))
+            v, evidence=ev, reason=r, canary_requests=obs.canary_requests, key="analysis-passes", **common))
     else:   # rollback-window
         reason = _precondition_reason(obs)
         if reason:
@@ -158,12 +159,12 @@ def outcome_rows(lane: "LaneAbort", obs: AbortObservation, expect: str | None) -
             f"{len(obs.runs)} AnalysisRun(s) {obs.runs}; whole-service error rate at the rollback "
             f"{fmt(obs.whole_rate_at_rollback)}", v, evidence=ev, reason=r,
             window_evidence=obs.window_evidence, controller_log=obs.controller_skip_lines,
-            rates_during_rollback=obs.rates_during_rollback, **common))
+            rates_during_rollback=obs.rates_during_rollback, key="no-analysis", **common))
     if obs.step != "whole-service-query":     # the two outcomes in which the rollback must complete
         v, r = verdict(obs.healthy_at_v1 and not obs.aborted, reason)
         rows.append(lane.row(
             obs.step, "the rollback completes: Healthy at the rolled-back revision",
             f"Healthy, stableRS={obs.hash_v1}, abort=false",
             f"{obs.final_rollout.get('phase')}, stableRS={obs.final_rollout.get('stableRS')}, "
-            f"abort={str(obs.aborted).lower()}", v, evidence=ev, reason=r, **common))
+            f"abort={str(obs.aborted).lower()}", v, evidence=ev, reason=r, key="completes", **common))
     return rows

@@ -64,12 +64,14 @@ class LaneB(Runbook):
         self.helm.close()
         self._tmp.cleanup()
 
-    def _record(self, step_name: str, assertion: str, expected, observed, ok: bool, evidence: dict, **details):
+    def _record(self, step_name: str, assertion: str, expected, observed, ok: bool, evidence: dict, key: str,
+                **details):
         """One lane B row; the full result goes to <run_dir>/lane_b/<step>.json as evidence."""
         path = Path(self.ctx.ledger.run_dir) / "lane_b" / f"{step_name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(evidence, indent=2, default=str))
-        return self.row(step_name, assertion, expected, observed, PASS if ok else FAIL, evidence=str(path), **details)
+        return self.row(step_name, assertion, expected, observed, PASS if ok else FAIL, evidence=str(path), key=key,
+                        **details)
 
     @cached_property
     def inheritor(self) -> str:
@@ -87,7 +89,7 @@ class LaneB(Runbook):
             "(final setWeight 100 removed), other apps nothing, chart-version restatements aside",
             expected={"unexpected": []}, observed={"unexpected": [u for r in results for u in r.unexpected],
                                                    "summary": [r.describe() for r in results]},
-            ok=all(r.ok for r in results), evidence={"envs": [r.to_dict() for r in results]})
+            ok=all(r.ok for r in results), evidence={"envs": [r.to_dict() for r in results]}, key="steps-only")
 
     @step()
     def merge_alone(self) -> dict:
@@ -98,7 +100,7 @@ class LaneB(Runbook):
             expected={"changed_apps": []},
             observed={"changed_apps": res.changed_apps, "registry_tags": res.registry_tags,
                       "vendored_after": res.vendored_after, "precondition": res.precondition},
-            ok=res.ok, evidence=res.to_dict())
+            ok=res.ok, evidence=res.to_dict(), key="no-change")
 
     @step()
     def propagation(self) -> dict:
@@ -111,7 +113,7 @@ class LaneB(Runbook):
             expected={"changed_apps": [service]},
             observed={"changed_apps": res.changed_apps, "changed": res.diffs[service].to_dict()["changed"],
                       "chart_version_only": res.diffs[service].to_dict()["chart_version_only"]},
-            ok=res.ok, evidence=res.to_dict(), service=service)
+            ok=res.ok, evidence=res.to_dict(), key="one-service", service=service)
 
     @step()
     def first_deploy(self) -> list[dict]:
@@ -180,23 +182,23 @@ class LaneB(Runbook):
         return [
             self.row(s, "the bump is itself a deploy (chart version in the pod template labels)",
                      "new pod-template-hash", f"{old_hash} -> {new_hash}", PASS if new_hash != old_hash else FAIL,
-                     evidence=ev, app=app_name),
+                     evidence=ev, app=app_name, key="bump-deploys"),
             self.row(s, "the deployed Rollout walks the inherited steps (final setWeight removed)",
                      steps_text(NEW_STEPS), steps_text(new_steps), PASS if new_steps == NEW_STEPS else FAIL,
-                     evidence=ev, app=app_name),
+                     evidence=ev, app=app_name, key="inherited-steps"),
             self.row(s, "canary weight during the ramp (before the 10m pause is promoted)", ramp,
                      max(before_promote) if before_promote else None,
                      PASS if before_promote and max(before_promote) == ramp else FAIL, evidence=ev,
-                     weights=weights, plain_promotes=promotes, recorder=result),
+                     weights=weights, plain_promotes=promotes, recorder=result, key="ramp-weight"),
             self.row(s, "canary weight 100 after the last step, by the controller's own default", final,
                      max(after_promote) if after_promote else None,
                      PASS if after_promote and max(after_promote) == final and result["complete"] else FAIL,
-                     evidence=ev, weights=weights),
+                     evidence=ev, weights=weights, key="full-weight"),
             self.row(s, "Healthy at the new revision", "Healthy", ro["status"].get("phase"),
-                     PASS if ro["status"].get("phase") == "Healthy" else FAIL, evidence=ev),
+                     PASS if ro["status"].get("phase") == "Healthy" else FAIL, evidence=ev, key="healthy"),
             self.row(s, "background analysis during the first deploy", "analysis runs",
                      "off in the stage values layer", NOT_APPLICABLE,
-                     reason="the stage values layer turns analysis off: lane B runs no Prometheus"),
+                     reason="the stage values layer turns analysis off: lane B runs no Prometheus", key="analysis"),
         ]
 
 

@@ -59,9 +59,9 @@ class LiveLaneB(Runbook):
         ev = str(rec.out)
         if started is None:
             reason = f"no deploy of {self.ctx.namespace}/{self.rollout} started within {self.duration:.0f}s"
-            return [self.row("first-deploy", a, e, None, INCONCLUSIVE, evidence=ev, reason=reason, mode="live")
-                    for a, e in ((ASSERT_STEPS, "no final setWeight 100"), (ASSERT_FULL, 100),
-                                 (ASSERT_HEALTHY, "Healthy"))]
+            return [self.row("first-deploy", a, e, None, INCONCLUSIVE, evidence=ev, reason=reason, key=k, mode="live")
+                    for a, e, k in ((ASSERT_STEPS, "no final setWeight 100", "inherited-steps"),
+                                    (ASSERT_FULL, 100, "full-weight"), (ASSERT_HEALTHY, "Healthy", "healthy"))]
         steps = ((started["spec"].get("strategy") or {}).get("canary") or {}).get("steps") or []
         last = steps[-1] if steps else None
         no_final_100 = not (isinstance(last, dict) and last.get("setWeight") == 100)
@@ -75,10 +75,10 @@ class LiveLaneB(Runbook):
             reason = f"timeline incomplete: {'; '.join(result['reasons'])}"
         return [
             self.row("first-deploy", ASSERT_STEPS, "no final setWeight 100", steps_text(steps),
-                     PASS if no_final_100 else FAIL, evidence=ev, mode="live"),
+                     PASS if no_final_100 else FAIL, evidence=ev, key="inherited-steps", mode="live"),
             self.row("first-deploy", ASSERT_FULL, 100, max(weights, default=None),
                      INCONCLUSIVE if reason else (PASS if 100 in weights else FAIL), evidence=ev, reason=reason,
-                     weights=weights, mode="live"),
+                     weights=weights, key="full-weight", mode="live"),
             self.row("first-deploy", ASSERT_HEALTHY, "Healthy", (done or started)["status"].get("phase"),
-                     INCONCLUSIVE if reason else PASS, evidence=ev, reason=reason, mode="live"),
+                     INCONCLUSIVE if reason else PASS, evidence=ev, reason=reason, key="healthy", mode="live"),
         ]

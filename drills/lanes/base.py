@@ -72,6 +72,13 @@ class LaneContext:
     variant: str = "stage"
     options: dict = field(default_factory=dict)   # availability_control, rollback_via, source, crds, user_built
     log: Callable[[str], None] = print
+    label: str | None = None       # a user-built controller's name (its version plus its commit); None: a release
+
+    @property
+    def name(self) -> str:
+        """What the controller is called in titles, captions and logs: the release, or a user-built one's name
+        (``version`` stays the release its cluster stands in for, for lookups)."""
+        return self.label or self.version
 
 
 def load_expectations(key: str, data_dir: Path | None = None) -> dict[str, dict]:

@@ -156,7 +156,7 @@ class LaneEscape(Runbook):
     def _escape(self, name: str) -> list[dict]:
         ns = make_namespace(self.ctx.api, namespace_name(f"escape-{name}"))
         try:
-            obs = EscapeDrill(self.ctx.api, self.ctx.cluster, ns, name, Path(self.ctx.evidence_dir), self.ctx.version,
+            obs = EscapeDrill(self.ctx.api, self.ctx.cluster, ns, name, Path(self.ctx.evidence_dir), self.ctx.name,
                               self.fx, log=self.ctx.log).run_escape()
         finally:
             drop_namespace(self.ctx.api, ns)
@@ -203,7 +203,7 @@ def escape_rows(lane: Runbook, name: str, obs: dict, exp: dict) -> list[dict]:
     """Rows of one escape; verdicts from the observation against the version's expectations."""
     if obs.get("precondition"):
         return [lane.row(name, "the Rollout was aborted by its own analysis before the escape", True, False,
-                         INCONCLUSIVE, reason=obs["precondition"])]
+                         INCONCLUSIVE, reason=obs["precondition"], key="precondition")]
     reason = None if obs["complete"] else f"timeline incomplete: {'; '.join(obs['incomplete_reasons'])}"
 
     def verdict(key: str, observed) -> str:
@@ -217,7 +217,7 @@ def escape_rows(lane: Runbook, name: str, obs: dict, exp: dict) -> list[dict]:
         v = verdict(key, observed)
         r = reason or (lane.no_expectation if v == UNVERIFIED else None)
         return lane.row(name, assertion, exp.get(key), observed, v, evidence=obs["timeline"], reason=r,
-                        escape=name, **extra)
+                        key=key.replace("_", "-"), escape=name, **extra)
 
     common = {"step_indexes": obs["step_indexes"], "phases": obs["phases"], "message": obs["message"],
               "weight_path": obs["weight_path"]}

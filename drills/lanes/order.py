@@ -21,10 +21,11 @@ import math
 from pathlib import Path
 
 from .. import branches, timeline
+from ..answer import condition_of
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..config import version_tuple
 from ..kit import REASON_INCOMPLETE, DrillRollout, Observation
-from ..ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, finite_number
+from ..ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, finite_number
 from ..rollout import Predicate, healthy, paused
 from ..shapes import RolloutSpec
 from ..steps import last_set_weight, steps_text
@@ -104,7 +105,7 @@ class LaneOrder(Runbook):
             ns = make_namespace(self.ctx.api, namespace_name(f"order-{self.fx[key]['name']}"))
             self.namespaces.append(ns)
             self.drills[key] = DrillRollout(self.ctx.api, ns, spec_of(self.fx[key]), self.ev, log=self.ctx.log,
-                                            controller_version=self.ctx.version, audit_log=self.ctx.audit_log)
+                                            controller_version=self.ctx.name, audit_log=self.ctx.audit_log)
         return self.drills[key]
 
     def close(self) -> None:
@@ -150,9 +151,12 @@ class LaneOrder(Runbook):
         obs = self._rollback_observation(d, f"order-{STEP_END}")
         exp = self.expected("end_of_steps") or {}
         verdict, reason = obs.verdict(exp.get("expected"), self.no_expectation)
+        peak = obs.peak_canary_weight_while_partial
+        # the backward search first keeps the last setWeight of the list (50); end-of-steps first writes 100
         return self.row(
             STEP_END, branches.order_assertion(self.bm, branches.END), exp.get("expected"),
-            obs.peak_canary_weight_while_partial, verdict, evidence=obs.timeline, reason=reason,
+            peak, verdict, evidence=obs.timeline, reason=reason, key="branch-order", polarity=HOLDS,
+            shows=None if peak is None else peak == last_set_weight(d.spec.steps),
             probe="rollback inside rollbackWindow, final rung not 100", steps=steps_text(d.spec.steps),
             replicas=d.spec.replicas, opposite_order_would_show=exp.get("opposite"),
             partial_window_observed=obs.partial_window_observed, window_evidence=obs.window_evidence,
@@ -209,7 +213,7 @@ class LaneOrder(Runbook):
         der = timeline.derive(recs, hash_v2, since_mark="deploy", target="rs_spec", until_mark="promote")
         short, short_seconds = weights_while_short_at(der, target)
         observed = max((w for _, w, _, _ in short), default=None)
-        title = f"{label}: deploy v2, steps [{steps_text(spec.steps)}], replicas {spec.replicas} ({self.ctx.version})"
+        title = f"{label}: deploy v2, steps [{steps_text(spec.steps)}], replicas {spec.replicas} ({self.ctx.name})"
         series_path = rec.series_path()
         series_path.write_text(json.dumps(der.series(title), indent=1))
         exp = self.expected("mid_steps") or {}
@@ -233,7 +237,9 @@ class LaneOrder(Runbook):
                        f"series {rel(der.canary_weight)}")
         return self.row(
             STEP_MID, branches.order_assertion(self.bm, branches.MID), exp.get("expected"), observed, verdict,
-            evidence=str(rec.path), reason=reason, probe="normal deploy reaching a higher rung while the canary "
+            evidence=str(rec.path), reason=reason, key="branch-order", polarity=HOLDS,
+            # the backward search first keeps the previous rung while the canary is short of the higher one
+            shows=None if observed is None else observed < rung, probe="normal deploy reaching a higher rung while the canary "
             "ReplicaSet is short", steps=steps_text(spec.steps), replicas=spec.replicas, higher_rung=rung,
             higher_rung_index=idx, canary_target_at_rung=target, opposite_order_would_show=exp.get("opposite"),
             short_seconds=round(short_seconds, 2), weights_while_short=rel(short),
@@ -264,7 +270,8 @@ class LaneOrder(Runbook):
         applicable, where = self.hazard_applicable()
         if not applicable:
             return self.row(STEP_HAZARD, self._hazard_assertion(spec, last_rung), last_rung, None, NOT_APPLICABLE,
-                            reason=where, steps=steps_text(spec.steps), **self._lines())
+                            reason=where, key="peak-weight", polarity=HAZARD,
+                            condition=condition_of(spec.extra_canary), steps=steps_text(spec.steps), **self._lines())
         d = self.drill("hazard_replica_progress_threshold")
         d.deploy_v1()
         d.deploy_v2()
@@ -274,9 +281,13 @@ class LaneOrder(Runbook):
         # calls the version out whenever that peak is above the prescription's last rung.
         expected = exp.get("upstream_peak")
         verdict, reason = obs.verdict(expected, self.no_expectation)
+        peak = obs.peak_canary_weight_while_partial
+        # a hazard of the version: with the field set, the weight while partial goes above the last rung
         return self.row(
             STEP_HAZARD, self._hazard_assertion(spec, last_rung), expected,
-            obs.peak_canary_weight_while_partial, verdict, evidence=obs.timeline, reason=reason, last_rung=last_rung,
+            peak, verdict, evidence=obs.timeline, reason=reason, key="peak-weight", polarity=HAZARD,
+            shows=None if peak is None else peak > last_rung, condition=condition_of(spec.extra_canary),
+            last_rung=last_rung,
             crd=where, steps=steps_text(spec.steps), extra_canary=spec.extra_canary,
             upstream_expected_peak=exp.get("upstream_peak"), known_hazard=bool(exp.get("known_hazard")),
             prescription_holds=(obs.peak_canary_weight_while_partial is not None and

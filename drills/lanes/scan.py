@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .. import config
 from ..helm import Helm
-from ..ledger import FAIL, PASS, UNVERIFIED
+from ..ledger import FAIL, PASS, UNVERIFIED, key_of
 from ..probe import controller_log_of
 from ..scan.advice import WAVES
 from ..scan.fleet import FleetScan
@@ -71,7 +71,7 @@ class LaneScan(Runbook):
             scan = FleetScan(config.fixtures_dir() / self.plan["fleet"], list(self.plan["envs"]), None,
                              self.ctx.version, helm, workers=2)
             specs = scan.run().rollouts
-        self.ctx.log(f"scan: {len(specs)} Rollouts in the {self.scope} at {self.ctx.version}")
+        self.ctx.log(f"scan: {len(specs)} Rollouts in the {self.scope} at {self.ctx.name}")
         cache: dict = {}
         return [evaluate(ro, facts, cache) for ro in specs]
 
@@ -90,7 +90,8 @@ class LaneScan(Runbook):
             if verdict == UNVERIFIED:
                 reason = "no expectation: the scanned set is not the fixture fleet" if self.given else self.no_expectation
             rows.append(self.row(STEP_SUMMARY, f"{self.scope}: Rollouts in fix wave {wave}", exp, observed,
-                                 verdict, reason=reason, scope=self.scope, wave=wave,
+                                 verdict, reason=reason, key=f"wave-{wave}" if wave != "-" else "wave-none",
+                                 scope=self.scope, wave=wave,
                                  examples=[f"{r.ro.source} {r.ro.key}" for r in self.records
                                            if r.wave == wave][:EXAMPLES]))
         return rows
@@ -103,16 +104,21 @@ class LaneScan(Runbook):
             shapes, self.uncovered, _ = pick(self.records, int(self.plan["verify"]))
         rows = []
         for s in shapes:
-            self.ctx.log(f"scan verify: {self.ctx.version} {s.label} (rule {s.record.pred.rule}, {s.count} "
+            self.ctx.log(f"scan verify: {self.ctx.name} {s.label} (rule {s.record.pred.rule}, {s.count} "
                          f"Rollout(s)), probed at replicas {s.probe_replicas}")
-            c = run_shape(self.ctx.api, s, self.ctx.version, Path(self.ctx.evidence_dir) / "scan",
+            c = run_shape(self.ctx.api, s, self.ctx.name, Path(self.ctx.evidence_dir) / "scan",
                           self.ctx.audit_log, self.ctx.log, controller_log_of(self.ctx.cluster.status())
                           if self.ctx.cluster is not None else None)
             self.comparisons.append(c)
+            if c["verdict"] in (PASS, FAIL) and self.ctx.options.get("user_built") \
+                    and not self.ctx.options.get("source"):
+                # the prediction came from the nearest release's rules: no release is held against this controller
+                c = dict(c, verdict=UNVERIFIED, reason=f"{self.no_expectation}; predicted from the nearest "
+                                                        f"release's rules (give --source for its own)")
             rows.append(self.row(
                 STEP_VERIFY, f"peak canary weight while partial: {s.label} (probed at replicas {s.probe_replicas})",
                 c["predicted"], c["observed"],
-                c["verdict"], evidence=c["evidence"], reason=c["reason"], rule=c["rule"],
+                c["verdict"], evidence=c["evidence"], reason=c["reason"], key=key_of(s.label), rule=c["rule"],
                 predicted_pods=c["predicted_pods"], observed_pods=c["observed_pods"],
                 probe_replicas=c["probe_replicas"], replicas=c["replicas"], rollouts=c["rollouts"],
                 example=c["example"], window_evidence=c["window_evidence"],

@@ -1,26 +1,59 @@
 """CI outputs: SARIF 2.1.0 (code scanning) and JUnit XML.
 
 SARIF results sit on the offending step of the file that declares the steps (a manifest, or the values layer
-of a fleet render); a Rollout read from a cluster has a logical location instead.  Rule ids: the lint rules
-of advice.py plus ``rollback-exposure`` (the predicted peak is above the share of capacity that carries it).
+of a fleet render; else the fleet's apps file).  Every result has a physical location, which code scanning
+requires, in every input mode: standard input is the path ``--stdin-name`` gives (default ``stdin.yaml``,
+described as standard input in the location), a Rollout read from a cluster is ``cluster/<context>/<ns>/<name>``
+(no file holds it; the location says so).  Each rule has a full description and a markdown help with the fix;
+each result names the controller version it was predicted on, in its message and in its fingerprint (a
+two-version scan gives one result per version, never two with one fingerprint).  The run's
+``automationDetails.id`` says what was scanned, so uploads of different environments stay apart.  Rule ids:
+the lint rules of advice.py plus ``rollback-exposure`` (the predicted peak is above the share of capacity that
+carries it).
 """
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 from urllib.parse import quote
 
 from .. import __version__
-from .advice import ERROR, LINT_RULES, WARNING
+from .advice import ABOVE_SAFE, ERROR, FINAL_100, LINT_RULES, RATIO, WARNING
 from .model import last_set_weight_step, steps_text
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 EXPOSURE = "rollback-exposure"
+STDIN_PATH = "stdin.yaml"          # where results read from standard input sit without --stdin-name
 RULES = {EXPOSURE: ("a rollback inside rollbackWindow puts more traffic on the revived pods than their share of "
-                    "capacity", ERROR), **{k: (v, WARNING if k in ("above-safe-pod-count", "last-rung-ratio")
-                                                else ERROR) for k, v in LINT_RULES.items()}}
+                    "capacity", ERROR), **{k: (v, WARNING if k in (ABOVE_SAFE, RATIO) else ERROR)
+                                           for k, v in LINT_RULES.items()}}
+WHY = ("Inside `rollbackWindow` a rollback jumps `status.currentStepIndex` to the end of the steps; while the "
+       "revived ReplicaSet is still partly available the traffic code searches backwards for the last `setWeight`, "
+       "so that weight lands on the few pods that are up.")
+FULL = {
+    EXPOSURE: "The predicted peak canary weight while the revived ReplicaSet is partly available is above the share "
+              "of the Rollout's pods that carry it: users see errors or latency from the few revived pods. " + WHY,
+    FINAL_100: "The last setWeight of the canary steps is 100. " + WHY + " With a final `setWeight: 100` that is all "
+               "traffic.",
+    RATIO: "Once the final 100 is removed, the remaining last rung is more than three times the first rung; the "
+           "pods the first rung sized may not carry it.",
+    ABOVE_SAFE: "spec.replicas is above the largest replica count whose rollback puts no more than its share of "
+                "traffic on the pods that first carry the remaining rung.",
+}
+FIX = {
+    EXPOSURE: "Delete the final `setWeight: 100` step (the controller still goes to 100 after the last step, by "
+              "its own default). When the remaining rung is high, lower the earlier rungs or raise "
+              "`minPodsPerReplicaSet`; when `replicaProgressThreshold` is set (v1.9+), drop it: the end-of-steps "
+              "branch writes 100 whatever the steps.",
+    FINAL_100: "Delete the final `setWeight: 100` step, for example `[5, pause: 10m, 100]` becomes "
+               "`[5, pause: 10m]`: the Rollout still reaches 100 % after its last step.",
+    RATIO: "Keep the last rung at most three times the first (`w_last <= 3 x w_first`), or raise "
+           "`minPodsPerReplicaSet` so the first revived pods carry it.",
+    ABOVE_SAFE: "Raise `minPodsPerReplicaSet` or lower the remaining rung so its pods carry its share.",
+}
 
 
 def _uri(path: str) -> str:
@@ -28,54 +61,90 @@ def _uri(path: str) -> str:
     return p.resolve().as_uri() if p.is_absolute() else quote(p.as_posix())
 
 
-def _location(file: str | None, line: int | None, logical: str) -> dict:
-    if file and not file.startswith("<") and not file.startswith("render of"):
-        loc = {"physicalLocation": {"artifactLocation": {"uri": _uri(file)}}}
-        if line:
-            loc["physicalLocation"]["region"] = {"startLine": int(line)}
-        loc["logicalLocations"] = [{"name": logical, "kind": "resource"}]
-        return loc
-    return {"logicalLocations": [{"name": logical, "kind": "resource"}]}
+def _artifact(r, file: str | None) -> tuple[str, str | None]:
+    """The artifact a result sits on (a URI) and, for one that is no file of the repository, what it stands for."""
+    ro = r.ro
+    if ro.origin.get("cluster"):
+        parts = [ro.origin["cluster"], ro.namespace or "default", ro.name]
+        return ("cluster/" + "/".join(quote(str(x), safe="") for x in parts),
+                f"Rollout {ro.key} read from the live cluster (context {ro.origin['cluster']}), not from a file")
+    if file and file.startswith("render of"):
+        file = ro.origin.get("apps_file")
+    if not file or file.startswith("<"):
+        return STDIN_PATH, "standard input (no --stdin-name given): a path drills scan stands in for it"
+    return _uri(file), None
+
+
+def _location(r, file: str | None, line: int | None, logical: str) -> dict:
+    uri, described = _artifact(r, file)
+    art = {"uri": uri}
+    if described:
+        art["description"] = {"text": described}
+    loc = {"physicalLocation": {"artifactLocation": art}}
+    if line and not r.ro.origin.get("cluster"):
+        loc["physicalLocation"]["region"] = {"startLine": int(line)}
+    loc["logicalLocations"] = [{"name": logical, "kind": "resource"}]
+    return loc
+
+
+def _version(r) -> str:
+    return r.ro.controller_version or "unknown"
 
 
 def _exposure_message(r) -> str:
     p = r.pred
-    return (f"{r.ro.key} ({r.ro.source}, controller {r.ro.controller_version}, {r.ro.routing} routing, steps "
+    return (f"{r.ro.key} ({r.ro.source}, controller {_version(r)}, {r.ro.routing} routing, steps "
             f"{steps_text(r.ro.steps)}, replicas {r.ro.replicas}): a rollback inside rollbackWindow puts canary "
             f"weight {p.peak} on {p.carrying} revived pod(s) = {p.share:.0%} of capacity. Rule {p.rule}: {p.text}. "
             f"Fix wave {r.wave}.")
 
 
-def sarif(records) -> dict:
+def _fingerprint(r, rule: str) -> dict:
+    return {"rollout/v1": f"{r.ro.source}#{r.ro.key}#{rule}#{_version(r)}"}
+
+
+def automation_id(records, scope: str | None = None) -> str:
+    """What was scanned, as code scanning's category (the part before the last '/') plus the run."""
+    where = scope or ", ".join(sorted({str(r.ro.origin.get("cluster") or r.ro.origin.get("env") or "manifests")
+                                       for r in records})) or "nothing"
+    return "drills-scan/" + (re.sub(r"[^A-Za-z0-9._-]+", "-", where).strip("-") or "scan") + "/"
+
+
+def sarif(records, scope: str | None = None) -> dict:
     ids = list(RULES)
     results = []
     for r in records:
         logical = f"{r.ro.origin.get('cluster') or r.ro.origin.get('env') or 'manifest'}/{r.ro.key}"
         for f in r.findings:
             results.append({"ruleId": f.rule, "ruleIndex": ids.index(f.rule), "level": f.level,
-                            "message": {"text": f"{r.ro.key} ({r.ro.source}): {f.message}"},
-                            "locations": [_location(f.file or r.ro.file, f.line or r.ro.line, logical)],
-                            "partialFingerprints": {"rollout": f"{r.ro.source}#{r.ro.key}#{f.rule}"}})
+                            "message": {"text": f"{r.ro.key} ({r.ro.source}, controller {_version(r)}): {f.message}"},
+                            "locations": [_location(r, f.file or r.ro.file, f.line or r.ro.line, logical)],
+                            "partialFingerprints": _fingerprint(r, f.rule),
+                            "properties": {"controller_version": _version(r)}})
         if r.exposed:
             i, _ = last_set_weight_step(r.ro.steps)
             line = r.ro.step_lines[i] if i is not None and i < len(r.ro.step_lines) and r.ro.step_lines[i] \
                 else (r.ro.steps_line or r.ro.line)
             results.append({"ruleId": EXPOSURE, "ruleIndex": ids.index(EXPOSURE), "level": ERROR,
                             "message": {"text": _exposure_message(r)},
-                            "locations": [_location(r.ro.steps_file or r.ro.file, line, logical)],
-                            "partialFingerprints": {"rollout": f"{r.ro.source}#{r.ro.key}#{EXPOSURE}"},
+                            "locations": [_location(r, r.ro.steps_file or r.ro.file, line, logical)],
+                            "partialFingerprints": _fingerprint(r, EXPOSURE),
                             "properties": {"predicted_peak_weight": r.pred.peak, "pods_carrying": r.pred.carrying,
-                                           "controller_version": r.ro.controller_version, "wave": r.wave}})
-    rules = [{"id": k, "name": k.replace("-", " "), "shortDescription": {"text": text},
+                                           "controller_version": _version(r), "wave": r.wave}})
+    rules = [{"id": k, "name": "".join(w.capitalize() for w in k.split("-")), "shortDescription": {"text": text},
+              "fullDescription": {"text": FULL[k].replace("`", "")},
+              "help": {"text": f"{FULL[k]} Fix: {FIX[k]}".replace("`", ""),
+                       "markdown": f"{FULL[k]}\n\n**Fix:** {FIX[k]}"},
               "defaultConfiguration": {"level": level}} for k, (text, level) in RULES.items()]
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0",
             "runs": [{"tool": {"driver": {"name": "drills scan", "version": __version__,
                                           "informationUri": "https://argo-rollouts.readthedocs.io/", "rules": rules}},
+                      "automationDetails": {"id": automation_id(records, scope)},
                       "results": results, "columnKind": "utf16CodeUnits"}]}
 
 
-def write_sarif(records, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(sarif(records), indent=1))
+def write_sarif(records, path: str | Path, scope: str | None = None) -> None:
+    Path(path).write_text(json.dumps(sarif(records, scope), indent=1))
 
 
 def junit(records, verification: list | None = None) -> ET.Element:

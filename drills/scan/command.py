@@ -29,10 +29,13 @@ from .sources import SourceMapError, facts_for
 from .verify import pick
 
 FAIL_ON = ("exposed", "lint", "none")
+# The default gates: a CI job that runs `drills scan` fails on what it finds (a lint error or a predicted exposure)
+# unless it says otherwise; `--fail-on none` only reports.
+DEFAULT_FAIL_ON = "lint,exposed"
 
 
 def _fail_on(text: str) -> set[str]:
-    items = {t.strip() for t in (text or "none").split(",") if t.strip()}
+    items = {t.strip() for t in (DEFAULT_FAIL_ON if text is None else text).split(",") if t.strip()}
     bad = items - set(FAIL_ON)
     if bad or not items:
         raise ScanInputError(f"--fail-on {text!r}: choose exposed, lint (comma-separated) or none")
@@ -55,6 +58,10 @@ def _check(args) -> None:
         raise ScanInputError("--source: not a folder", args.source)
     if args.context and args.all_contexts:
         raise ScanInputError("--context and --all-contexts: give one")
+    stdin_name = getattr(args, "stdin_name", None)
+    if stdin_name is not None and ("-" not in (args.inputs or []) or not stdin_name.strip()
+                                   or "\n" in stdin_name):
+        raise ScanInputError("--stdin-name names the manifests read from standard input: give a path with '-'")
 
 
 def run(args, stdout=None, stdin=None, log=_log) -> int:
@@ -77,7 +84,8 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
     workers = args.workers or os.cpu_count() or 1
     specs, stats, inventory, scope = [], {}, None, []
     if args.inputs:
-        res = read_manifests(args.inputs, versions[0], stdin=stdin, workers=workers)
+        res = read_manifests(args.inputs, versions[0], stdin=stdin, workers=workers,
+                             stdin_name=getattr(args, "stdin_name", None))
         specs += res.rollouts
         stats["manifest_files"] = res.files
         scope.append(", ".join(args.inputs)[:80])
@@ -96,6 +104,10 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
                 unreadable.append(f"context {ctx}: {inv.error}")
             specs += inv.specs
             scope.append(f"cluster {ctx}")
+    if not specs and not unreadable and not getattr(args, "allow_empty", False):
+        # a mistyped path or an empty render in CI must not pass as a clean scan
+        raise ScanInputError(f"no Rollout found in {'; '.join(scope) or 'the input'} (pass --allow-empty when none "
+                             f"is expected)")
     shapes: dict = {}
     records = [evaluate(ro, facts(ro.controller_version or None), shapes) for ro in specs]
     for inv in inventory or []:

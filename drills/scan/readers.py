@@ -27,10 +27,11 @@ class ReadResult:
     files: int = 0
 
 
-def display_path(path: Path | str) -> str:
-    """A path relative to the working directory when it is below it (SARIF wants repository-relative)."""
+def display_path(path: Path | str, stdin_name: str | None = None) -> str:
+    """A path relative to the working directory when it is below it (SARIF wants repository-relative); standard
+    input is the name ``--stdin-name`` gives it, else ``<stdin>``."""
     if str(path) == STDIN:
-        return "<stdin>"
+        return stdin_name or "<stdin>"
     p = Path(path)
     try:
         return str(p.resolve().relative_to(Path.cwd().resolve()))
@@ -103,7 +104,8 @@ def _read_one(path: str, controller_version: str) -> ReadResult:
     return rollouts_in(read_text(path), display_path(path), controller_version)
 
 
-def read_manifests(inputs: list[str], controller_version: str, stdin=None, workers: int = 1) -> ReadResult:
+def read_manifests(inputs: list[str], controller_version: str, stdin=None, workers: int = 1,
+                   stdin_name: str | None = None) -> ReadResult:
     """Every Rollout of the inputs, in input order; files are parsed in ``workers`` processes when there are
     enough of them to pay for the processes (the parse is CPU-bound)."""
     paths = manifest_paths(inputs)
@@ -113,7 +115,7 @@ def read_manifests(inputs: list[str], controller_version: str, stdin=None, worke
         with ProcessPoolExecutor(workers) as pool:
             parts = list(pool.map(_read_one, paths, [controller_version] * len(paths), chunksize=4))
     else:
-        parts = [rollouts_in(read_text(p, stdin), display_path(p), controller_version) for p in paths]
+        parts = [rollouts_in(read_text(p, stdin), display_path(p, stdin_name), controller_version) for p in paths]
     for part in parts:
         res.rollouts += part.rollouts
         res.kinds.update(part.kinds)
