@@ -109,7 +109,12 @@ def cmd_cluster_up(args) -> int:
 
 
 def cmd_cluster_status(args) -> int:
-    st = EmbeddedCluster().status()
+    c = EmbeddedCluster()
+    try:
+        c.check_state()
+    except ClusterInputError as e:
+        raise BadInput(str(e)) from None
+    st = c.status()
     if args.json:
         print(json.dumps(st, indent=2))
     elif "processes" not in st:
@@ -232,6 +237,7 @@ def cmd_probe(args) -> int:
     out_dir = config.reports_dir() / "probes" / new_run_id()
     with SignalGuard() as guard:
         try:
+            cl.hold("drills probe")       # until the probe ends: nobody replaces the cluster under it
             cl.up(version)
             api = cl.api_client()
             ns = make_namespace(api, namespace_name("probe"))
