@@ -22,6 +22,7 @@ from .recorder import watch_rollout
 from .renderdiff import render_diff
 from .report import write_matrix
 from .viewmodel import is_run_dir
+from .lease import release_lease
 from .safety import restore_journal
 from .scan import command as scan_command
 from .shapes import RolloutSpec
@@ -325,6 +326,8 @@ def cmd_watch(args) -> int:
 
 
 def cmd_restore(args) -> int:
+    if args.release_lease:
+        return EXIT_OK if release_lease(Path(args.journal), args.allow_context, log=_progress) else EXIT_INCONCLUSIVE
     return EXIT_OK if restore_journal(Path(args.journal), args.allow_context, log=_progress) else EXIT_INCONCLUSIVE
 
 

@@ -267,7 +267,8 @@ def run_live(args, log=None) -> int:
     journal = Journal(run_dir / "journal.json", kubeconfig=target.kubeconfig, context=target.context, run_id=run_id)
     journal.before_spec_change(ro)
     try:        # the lease, taken only while nobody holds it (another drill may have passed its preflight too)
-        take_lease(api, target.namespace, target.rollout, lease_value(run_id, journal.path))
+        take_lease(api, target.namespace, target.rollout, lease_value(
+            run_id, journal.path, journal.original_digest(f"{target.namespace}/{target.rollout}")))
     except Refused:
         shutil.rmtree(run_dir, ignore_errors=True)      # nothing was changed: no journal to keep
         raise
