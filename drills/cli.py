@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     rs = sub.add_parser("restore", help="finish a restore from a drill's journal")
     rs.add_argument("--journal", required=True)
     rs.add_argument("--allow-context", action="append", default=[])
+    rs.add_argument("--release-lease", action="store_true",
+                    help="give the Rollout up without restoring it: remove the lease this journal's drill left "
+                         "(the way out when a restore refuses)")
     rs.set_defaults(func=commands.cmd_restore)
 
     rd = sub.add_parser("render-diff", help="render an app with two base chart versions and list what changes")

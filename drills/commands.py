@@ -23,6 +23,7 @@ from .recorder import watch_rollout
 from .renderdiff import render_diff
 from .report import write_matrix
 from .viewmodel import is_run_dir
+from .lease import release_lease
 from .safety import restore_journal
 from .scan import command as scan_command
 from .shapes import RolloutSpec
@@ -110,7 +111,12 @@ def cmd_cluster_up(args) -> int:
 
 
 def cmd_cluster_status(args) -> int:
-    st = EmbeddedCluster().status()
+    c = EmbeddedCluster()
+    try:
+        c.check_state()
+    except ClusterInputError as e:
+        raise BadInput(str(e)) from None
+    st = c.status()
     if args.json:
         print(json.dumps(st, indent=2))
     elif "processes" not in st:
@@ -238,6 +244,7 @@ def cmd_probe(args) -> int:
     out_dir = config.reports_dir() / "probes" / new_run_id()
     with SignalGuard() as guard:
         try:
+            cl.hold("drills probe")       # until the probe ends: nobody replaces the cluster under it
             cl.up(version)
             api = cl.api_client()
             ns = make_namespace(api, namespace_name("probe"))
@@ -325,6 +332,8 @@ def cmd_watch(args) -> int:
 
 
 def cmd_restore(args) -> int:
+    if args.release_lease:
+        return EXIT_OK if release_lease(Path(args.journal), args.allow_context, log=_progress) else EXIT_INCONCLUSIVE
     return EXIT_OK if restore_journal(Path(args.journal), args.allow_context, log=_progress) else EXIT_INCONCLUSIVE
 
 

@@ -8,6 +8,8 @@ import os
 import re
 from pathlib import Path
 
+from .names import plain_name
+
 # --- pinned component versions (built from Go modules only) -----------------
 KUBERNETES_VERSION = "v1.36.3"
 KWOK_VERSION = "v0.8.0"
@@ -75,3 +77,10 @@ EMBEDDED_CLUSTER_NAME = "drills"          # the default cluster; $DRILLS_CLUSTER
 NAMESPACE_OPT_IN_LABEL = "drills.dev/allow"
 DEFAULT_POD_READY_DELAY = 1.0        # seconds an unheld pod waits before Ready
 DEFAULT_HOLD_SECONDS = 15.0          # per pod under a hold
+
+
+def cluster_name(name: str | None = None) -> str:
+    """The embedded cluster's name: ``name``, else $DRILLS_CLUSTER, else the default; a plain name (it is a folder
+    of the cache), else BadName (exit 2) before anything is touched."""
+    given = name or os.environ.get("DRILLS_CLUSTER")
+    return plain_name(given, "cluster name" if name else "DRILLS_CLUSTER") if given else EMBEDDED_CLUSTER_NAME

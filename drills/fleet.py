@@ -17,6 +17,7 @@ import yaml
 
 from . import config
 from .helm import ChartInputError, Helm, HelmError, copy_tree
+from .names import is_plain_name, plain_name
 
 REPOSITORY_PLACEHOLDER = "${BASE_REPOSITORY}"
 STEPS_PATH = "spec.strategy.canary.steps"
@@ -117,7 +118,7 @@ class Fleet:
         return sorted(p.stem for p in (self.root / self.apps_dir).glob("*.yaml"))
 
     def apps(self, env: str) -> list[App]:
-        path = self.root / self.apps_dir / f"{env}.yaml"
+        path = self.root / self.apps_dir / f"{plain_name(env, 'environment')}.yaml"
         if not path.is_file():
             raise ChartInputError(f"{path}: unknown environment {env!r} (known: {', '.join(self.envs()) or 'none'})")
         apps = []
@@ -141,6 +142,9 @@ class Fleet:
             except (KeyError, TypeError) as e:
                 raise ChartInputError(f"{path}:{line}: Application lacks {e} (needs metadata.name, "
                                       f"spec.source.path, spec.source.helm.releaseName, spec.destination.namespace)")
+            if not is_plain_name(app.name):        # it names the app's render folder
+                raise ChartInputError(f"{path}:{line}: releaseName {app.name[:80]!r} is not a plain name (letters, "
+                                      f"digits and ._+-, starting with a letter or a digit)")
             apps.append(app)
         return apps
 

@@ -28,6 +28,7 @@ from .lanes.a_live import LiveLaneA
 from .lanes.b_live import LiveLaneB
 from .lanes.base import LaneContext
 from .ledger import INCONCLUSIVE, Ledger, exit_code, new_run_id
+from .names import plain_name
 from .phases import PhasedLoad
 from .podtemplate import (
     RolloutShapeError,
@@ -74,6 +75,8 @@ def check_inputs(args) -> LiveTarget:
     """Everything that can be checked without a request, before the first one."""
     if not (args.namespace and args.rollout):
         raise BadInput("live mode needs --namespace and --rollout (and --kubeconfig/--context as kubectl takes them)")
+    plain_name(args.namespace, "--namespace", 63)        # both name the journal's entry (and files of the run)
+    plain_name(args.rollout, "--rollout", 253)
     url = getattr(args, "service_url", None)
     if url:
         from .load import LoadRefused, check_target
@@ -274,7 +277,8 @@ def run_live(args, log=None) -> int:
     journal = Journal(run_dir / "journal.json", kubeconfig=target.kubeconfig, context=target.context, run_id=run_id)
     journal.before_spec_change(ro)
     try:        # the lease, taken only while nobody holds it (another drill may have passed its preflight too)
-        take_lease(api, target.namespace, target.rollout, lease_value(run_id, journal.path))
+        take_lease(api, target.namespace, target.rollout, lease_value(
+            run_id, journal.path, journal.original_digest(f"{target.namespace}/{target.rollout}")))
     except Refused:
         shutil.rmtree(run_dir, ignore_errors=True)      # nothing was changed: no journal to keep
         raise

@@ -40,6 +40,7 @@ from .mesh import (
     pod_info,
     require_loopback,
 )
+from .names import plain_name
 from .procs import stop_process, wait_http
 from .wait import until
 from .watching import ListWatch
@@ -291,6 +292,7 @@ class MeshProcess:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.kubeconfig = str(kubeconfig)
+        plain_name(namespace, "namespace", 63), plain_name(virtualservice, "VirtualService")   # they name its files
         self.name = f"mesh-{namespace}-{virtualservice}"
         self._unregister = unregister
         self.log = self.folder / f"mesh-{namespace}-{virtualservice}.log"

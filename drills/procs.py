@@ -37,6 +37,8 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def pid_alive(pid: int) -> bool:
+    if not is_pid(pid):          # a pid read from a file may be anything: 0 and -1 would mean a group
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -102,27 +104,84 @@ def listening_ports_of(pids: list[int]) -> list[int]:
     return sorted(set(ports))
 
 
-def terminate(pid: int, grace: float = 5.0, expect: str | None = None) -> None:
-    """SIGTERM the process group of ``pid``, SIGKILL after ``grace``.  With ``expect``, only when its command
-    line still contains that text (a reused pid belongs to someone else)."""
-    if not pid_alive(pid):
-        return
-    if expect and expect not in cmdline(pid):
-        return
+# --- processes the product can prove it started -----------------------------------------------------------
+# A pid alone names a process only until it exits: after a reboot, or once the pid is reused, the same number is
+# someone else's process.  So what the product records for a process it starts is its pid, its start time (field 22
+# of /proc/<pid>/stat, clock ticks since boot) and the boot's id; it signals a recorded pid only when all three are
+# still those of the running process and its command line names the product's own folder for it (the cluster
+# folder or kubeconfig).  A process group is signalled only when the product created it (``start_new_session``)
+# and the process still leads it.
+
+def boot_id() -> str | None:
     try:
-        os.killpg(pid, signal.SIGTERM)
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks since boot), None when there is no such process."""
+    if not is_pid(pid):
+        return None
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return int(text[text.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def identity(pid: int) -> dict:
+    """What to record for a process the product just started (it is the product's child, not reaped yet)."""
+    return {"pid": pid, "start_time": start_time(pid), "boot_id": boot_id()}
+
+
+def is_pid(pid) -> bool:
+    return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= 1 << 22
+
+
+def proven(record, marks) -> bool:
+    """True when ``record`` (pid, start_time, boot_id as ``identity`` made them) is still the running process and
+    its command line names one of ``marks`` (the product's own folder or kubeconfig for it)."""
+    if not isinstance(record, dict):
+        return False
+    pid, started, boot = record.get("pid"), record.get("start_time"), record.get("boot_id")
+    if not is_pid(pid) or pid == 1 or not isinstance(started, int) or isinstance(started, bool) or \
+            not isinstance(boot, str):
+        return False
+    marks = [m for m in marks if isinstance(m, str) and len(m) > 1]
+    if not marks or boot != boot_id() or start_time(pid) != started:
+        return False
+    cmd = cmdline(pid)
+    return any(m in cmd for m in marks) and start_time(pid) == started
+
+
+def _signal(record: dict, sig: int, group: bool) -> bool:
+    pid = record["pid"]
+    try:
+        if group and os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+        return True
     except (ProcessLookupError, PermissionError):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
+        return False
+
+
+def terminate_proven(record, marks, grace: float = 5.0) -> bool:
+    """SIGTERM a process the product started (``proven``), SIGKILL after ``grace``; its group too when the record
+    says the product created that group (``"group": true``).  Anything not proven is left alone: False."""
+    if not proven(record, marks) or not pid_alive(record["pid"]):
+        return False
+    group = record.get("group") is True
+    pid = record["pid"]
+    if not _signal(record, signal.SIGTERM, group):
+        return False
     try:
         until(f"process {pid} to exit after SIGTERM", lambda: not pid_alive(pid), timeout=grace, interval=0.05)
     except WaitTimeout:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if proven(record, marks):          # still the same process (never a pid reused meanwhile)
+            _signal(record, signal.SIGKILL, group)
+    return True
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -23,6 +23,7 @@ from .controller_binary import inspect_binary
 from .lanes import LaneContext
 from .lanes import get as lane_class
 from .ledger import Ledger, new_run_id
+from .names import plain_name
 from .toolchain import resolve_controller_versions
 
 
@@ -125,13 +126,15 @@ def cluster(controller_version, request):
     info = _user_built(request.config)
     c = EmbeddedCluster()
     kwargs = info.cluster_kwargs() if info else {}
+    c.hold("a pytest session")      # until the session ends: nobody replaces the cluster under its tests
     before = c.state().get("created_at") if c.status().get("ready") else None
     c.up(controller_version, **kwargs)
     was_up = before is not None and c.state().get("created_at") == before     # reused, not (re)started
     yield c
     # a cluster this session started does not outlive it (one that was already up is left as it was)
+    c.release()
     if not was_up and not request.config.getoption("--keep-cluster"):
-        c.down(quiet=True)
+        c.down(quiet=True, if_unused=True)
 
 
 @pytest.fixture(scope="session")
@@ -166,7 +169,7 @@ def run_dir(request, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def ledger(run_dir, cluster, request):
     st = cluster.status()
-    run_id = request.config.getoption("--drills-run-id") or run_dir.name or new_run_id()
+    run_id = plain_name(request.config.getoption("--drills-run-id") or run_dir.name or new_run_id(), "run id")
     version = st.get("controller_reported_version") or st["controller_version"]
     if st.get("controller_binary"):
         version = cluster.state().get("controller_reported_version") or version
@@ -179,7 +182,7 @@ def ledger(run_dir, cluster, request):
 @pytest.fixture(scope="session")
 def evidence_dir(run_dir, ledger) -> Path:
     """Per controller: a release by its version, a user-built binary by its name (version plus commit)."""
-    d = run_dir / (ledger.controller_name or ledger.controller_version)
+    d = run_dir / plain_name(ledger.controller_name or ledger.controller_version, "controller version")
     d.mkdir(parents=True, exist_ok=True)
     return d
 

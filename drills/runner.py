@@ -50,7 +50,7 @@ def default_jobs(n_legs: int | None = None) -> int:
 def cluster_name(version: str, versions: int = 2) -> str:
     """The embedded cluster of one controller version in a run: the default cluster's name when the run has one
     version (so `drills cluster status` finds a kept cluster), else that name plus the version."""
-    base = os.environ.get("DRILLS_CLUSTER") or config.EMBEDDED_CLUSTER_NAME
+    base = config.cluster_name()
     return base if versions == 1 else f"{base}-{re.sub(r'[^a-z0-9]+', '-', version.lower()).strip('-')}"
 
 
@@ -203,6 +203,7 @@ class Run:
                 self.log(f"run {self.run_id}: cluster {c.name} for "
                          + (f"user-built {binary.label} ({binary.path}, sha256 {binary.sha256}), CRDs from {binary.crds}"
                             if binary else key))
+                c.hold(f"drills run {self.run_id}")     # until its last leg is done
                 c.up(leg.controller, build=False, **kw)
                 self.clusters[key] = c
             return c
@@ -221,7 +222,8 @@ class Run:
                         self.log(f"run {self.run_id}: a leg on {c.name} failed; its logs are kept in {kept}")
                     except OSError as e:
                         self.log(f"run {self.run_id}: the logs of {c.name} could not be kept: {e}")
-                c.down(quiet=True)
+                c.release()
+                c.down(quiet=True, if_unused=True)
 
     # --- one leg ----------------------------------------------------------------------------------------------
     def _run_leg(self, leg: Leg, res: LegResult) -> None:
@@ -315,7 +317,9 @@ class Run:
         builder.join(timeout=1)
         for version in list(self.clusters):
             if not self.keep_cluster:
-                self.clusters.pop(version).down(quiet=True)
+                c = self.clusters.pop(version)
+                c.release()
+                c.down(quiet=True, if_unused=True)
         return self.results
 
 
@@ -323,6 +327,9 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
         binaries: list[Binary] = (), keep_cluster: bool = False, meta: dict | None = None,
         log: Callable[[str], None] | None = None) -> tuple[int, Path, list[dict]]:
     log = log or say
+    keys = {x.label or x.controller for x in plan}
+    for key in keys:          # every cluster the run will use has a plain name, before anything is made
+        config.cluster_name(cluster_name(key, len(keys)))
     run_dir = Path(run_dir or config.reports_dir() / new_run_id())
     run_dir.mkdir(parents=True, exist_ok=True)
     link_latest(run_dir)

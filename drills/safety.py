@@ -8,7 +8,9 @@ restore that always runs and never overwrites someone else's change.
 - A lease annotation (``drills.dev/lease``) says which drill holds the Rollout and which journal restores it;
   it stays on the Rollout until a restore finished, so nothing else drills a Rollout that still owes one.
 - Every mutation is journalled before it is sent (the Rollout as it was), and after it (what the drill wrote),
-  in a JSON file, so ``drills restore --journal FILE`` can finish a restore later.
+  in a JSON file (0600, with a digest of its content: drills.journal_file), so ``drills restore --journal FILE``
+  can finish a restore later; a journal whose content is not what its digest (and the lease's record of the
+  original) says is refused before anything is sent.  ``--release-lease`` is the way out (drills.lease).
 - Restore puts back exactly what the drill changed: the pod template and the canary steps as they were
   (a JSON patch that replaces them, guarded by the resourceVersion it was computed from), spec.paused when
   the drill changed it, and the abort state.  It never touches what the drill did not change (replicas stay
@@ -21,6 +23,7 @@ restore that always runs and never overwrites someone else's change.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import sys
@@ -35,13 +38,17 @@ from kubernetes.client.rest import ApiException
 from . import config, kube
 from .cluster.namespaces import OPT_IN_VALUE as NAMESPACE_LABEL_VALUE
 from .errors import BadInput, Refused
+from .journal_file import (DIGEST_KEY, canonical, digest_of, drill_running, edited_original, read_json, unsigned,
+                           write_private)
+from .names import is_plain_name
 from .podtemplate import app_container_name
-from .procs import cmdline, pid_alive
+from .procs import identity
 from .rollout import GROUP, PLURAL, VERSION, Rollouts, healthy, healthy_at
 from .signals import Interrupted, SignalGuard
 
 LEASE_ANNOTATION = "drills.dev/lease"
-JOURNAL_VERSION = 2
+JOURNAL_VERSION = 3
+WAY_OUT = "README, Live mode, 'A way out'"
 
 RefusedTarget = Refused      # the name the rest of the package used first
 
@@ -103,8 +110,13 @@ def check_namespace(api: client.ApiClient, namespace: str) -> None:
 
 
 # --- the lease ---------------------------------------------------------------------------------------------
-def lease_value(run_id: str, journal_path: Path) -> str:
-    return json.dumps({"run": run_id, "journal": str(journal_path), "pid": os.getpid()}, separators=(",", ":"))
+def lease_value(run_id: str, journal_path: Path, original: str | None = None) -> str:
+    """The lease: the drill's run and journal, and (``original``) the digest of the journal's record of the Rollout
+    as it was, so a restore can tell that record from an edited one."""
+    value = {"run": run_id, "journal": str(journal_path), "pid": os.getpid()}
+    if original:
+        value["original"] = original
+    return json.dumps(value, separators=(",", ":"))
 
 
 def parse_lease(value: str | None) -> dict:
@@ -121,7 +133,8 @@ def describe_lease(value: str) -> str:
     lease = parse_lease(value)
     text = f"run {lease.get('run')}"
     if lease.get("journal"):
-        text += f"; if that drill is gone, finish it with: drills restore --journal {lease['journal']}"
+        text += (f"; if that drill is gone, finish it with: drills restore --journal {lease['journal']} (when that "
+                 f"refuses: drills restore --release-lease --journal {lease['journal']}, {WAY_OUT})")
     return text
 
 
@@ -162,31 +175,41 @@ class Journal:
     """Inverse actions, written to disk before each mutation is sent, and what each mutation left."""
 
     def __init__(self, path: Path, kubeconfig: str | None = None, context: str | None = None,
-                 run_id: str | None = None, create: bool = True):
+                 run_id: str | None = None, create: bool = True, verify: bool = True):
         self.path = Path(path)
         self.lock = threading.Lock()
-        self.data = {"version": JOURNAL_VERSION, "run_id": run_id, "pid": os.getpid(), "kubeconfig": kubeconfig,
-                     "context": context, "state": "open", "rollouts": {}, "created": [], "holds": [],
-                     "restored": False}
+        self.data = {"version": JOURNAL_VERSION, "run_id": run_id, "pid": os.getpid(), "process": identity(os.getpid()),
+                     "kubeconfig": kubeconfig, "context": context, "state": "open", "rollouts": {}, "created": [],
+                     "holds": [], "restored": False}
+        self.signed = True          # False for a journal read unverified that is not what its digest says
         if self.path.exists():
-            self.data.update(self._read(self.path))
+            found, self.signed = self._read(self.path, verify)
+            self.data.update(found)
+            if "process" not in found:
+                self.data.pop("process")
         elif create:
             self._save()
 
     @staticmethod
-    def _read(path: Path) -> dict:
+    def _read(path: Path, verify: bool = True) -> tuple[dict, bool]:
+        """The journal's content, and whether it is what its digest says (JournalError when it must be and is not,
+        or when it is not a journal)."""
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, UnicodeDecodeError) as e:
+            data = read_json(Path(path))
+        except OSError as e:
             raise JournalError(f"journal {path}: cannot read it: {e}") from None
         except ValueError as e:
             raise JournalError(f"journal {path}: not valid JSON ({e})") from None
         if not isinstance(data, dict) or not isinstance(data.get("rollouts", {}), dict) \
                 or not isinstance(data.get("holds", []), list):
             raise JournalError(f"journal {path}: not a drills journal (no 'rollouts' mapping)")
+        found = data.get(DIGEST_KEY)
+        signed = found == digest_of(data)             # before the entries are read (and upgraded) below
         for key, entry in (data.get("rollouts") or {}).items():
-            if "/" not in str(key) or not isinstance(entry, dict):
-                raise JournalError(f"journal {path}: rollout entry {key!r} is not namespace/name with its state")
+            ns, _, name = str(key).partition("/")
+            if not (is_plain_name(ns, 63) and is_plain_name(name, 253)) or not isinstance(entry, dict):
+                raise JournalError(f"journal {path}: rollout entry {str(key)[:120]!r} is not namespace/name (plain "
+                                   f"names) with its state")
             if "original" not in entry:         # first journal layout: the entry is the original state
                 data["rollouts"][key] = entry = {"original": entry, "written": []}
             orig, written = entry.get("original"), entry.setdefault("written", [])
@@ -196,23 +219,30 @@ class Journal:
                     not all(isinstance(w, dict) for w in written):
                 raise JournalError(f"journal {path}: rollout {key}: its recorded steps or writes are not lists")
         for h in data.get("holds") or []:
-            if not isinstance(h, dict) or not {"id", "namespace"} <= set(h):
+            if not isinstance(h, dict) or not is_plain_name(h.get("id"), 253) or \
+                    not is_plain_name(h.get("namespace"), 63):
                 raise JournalError(f"journal {path}: a hold without id and namespace: {h!r}"[:300])
+        if verify and not signed:
+            raise JournalError(unsigned(path, found, WAY_OUT))
         if data.get("restored") and data.get("state", "open") == "open":
             data["state"] = "restored"
-        return data
+        return data, signed
 
     @classmethod
-    def load(cls, path: Path) -> "Journal":
+    def load(cls, path: Path, verify: bool = True) -> "Journal":
+        """The journal at ``path``; with ``verify`` (what restore sends comes from it) only when its content is
+        what its digest says."""
         if not Path(path).is_file():
             raise JournalError(f"journal {path} does not exist")
-        return cls(path, create=False)
+        return cls(path, create=False, verify=verify)
 
     def _save(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=str))
-        os.replace(tmp, self.path)
+        write_private(self.path, self.data, sign=self.signed)      # an edited journal never gets a fresh digest
+
+    def original_digest(self, key: str) -> str | None:
+        """The digest of the journal's record of rollout ``key`` as it was (what the lease carries)."""
+        entry = self.data["rollouts"].get(key)
+        return "sha256:" + hashlib.sha256(canonical(entry["original"]).encode()).hexdigest() if entry else None
 
     @property
     def state(self) -> str:
@@ -294,10 +324,10 @@ class Journal:
         now = _spec_fields(ro)
         known = [entry["original"], *entry["written"]]
         out = []
-        if not any(_same(now["template"], k["template"]) for k in known):
+        if not any(_same(now["template"], k.get("template")) for k in known):
             out.append(f"spec.template (app image now {_app_image(now['template'])}; the drill never wrote that "
                        f"template)")
-        if not any(_same(now["steps"], k["steps"]) for k in known):
+        if not any(_same(now["steps"], k.get("steps")) for k in known):
             out.append(f"spec.strategy.canary.steps (now {json.dumps(now['steps'])})")
         return out
 
@@ -348,10 +378,13 @@ class Journal:
                     log(f"restore: {key} no longer exists; nothing to restore there")
                     return
                 raise
+            self._check_lease_record(key, ro)
             moved = self.moved_on(key, ro)
             if moved:
                 raise Refused(f"rollout {key} moved on since the drill: {'; '.join(moved)}. Restoring would "
-                              f"overwrite that change; nothing was sent. Journal: {self.path}")
+                              f"overwrite that change; nothing was sent. Journal: {self.path}. To give the Rollout "
+                              f"up without restoring it: drills restore --release-lease --journal {self.path} "
+                              f"({WAY_OUT})")
             now = _spec_fields(ro)
             ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": ro["metadata"]["resourceVersion"]}]
             if not _same(now["template"], orig["template"]):
@@ -362,7 +395,7 @@ class Journal:
                 elif now["steps_present"]:
                     ops.append({"op": "remove", "path": "/spec/strategy/canary/steps"})
             if now["paused"] != orig.get("paused", False) and any(
-                    w["paused"] != orig.get("paused", False) for w in self.data["rollouts"][key]["written"]):
+                    w.get("paused", False) != orig.get("paused", False) for w in self.data["rollouts"][key]["written"]):
                 ops.append({"op": "add", "path": "/spec/paused", "value": orig.get("paused", False)})
             if len(ops) > 1:
                 log(f"restore: {key} -> image {_app_image(orig['template'])}, steps {json.dumps(orig['steps'])}")
@@ -386,6 +419,13 @@ class Journal:
                                    progress=lambda m: log(f"restore: {m}"))
             log(f"restore: {key} Healthy")
         self._release_lease(co, ns, name, log)
+
+    def _check_lease_record(self, key: str, ro: dict) -> None:
+        """Refused when the drill's lease on the Rollout records another original than this journal holds."""
+        lease = parse_lease((ro["metadata"].get("annotations") or {}).get(LEASE_ANNOTATION))
+        said = lease.get("original")
+        if lease.get("run") == self.data.get("run_id") and said not in (None, self.original_digest(key)):
+            raise Refused(edited_original(self.path, key, WAY_OUT))
 
     def _release_lease(self, co, ns: str, name: str, log) -> None:
         ro = co.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
@@ -422,6 +462,13 @@ def restore_with_guard(journal: Journal, api, log=None, timeout: float = 180,
         return False
 
 
+def check_drill_gone(j: Journal) -> None:
+    pid = drill_running(j.data) if j.state == "open" else None
+    if pid is not None:
+        raise Refused(f"the drill that wrote {j.path} is still running (pid {pid}); it restores on exit "
+                      f"(signal it once with SIGINT)")
+
+
 def restore_journal(path: Path, allow: list[str] | None = None, log=None) -> bool:
     """`drills restore --journal FILE`: check the journal, its target (allowlist, opt-in label) and that its
     drill is gone, then restore.  True when restored (or nothing was left to do); False when abandoned."""
@@ -430,13 +477,9 @@ def restore_journal(path: Path, allow: list[str] | None = None, log=None) -> boo
     if j.state == "restored":
         print(f"journal {j.path} was already restored ({j.data.get('restored_at', 'earlier')}): nothing to do")
         return True
-    pid = j.data.get("pid")
-    if isinstance(pid, int) and pid != os.getpid() and pid_alive(pid) and j.state == "open" and \
-            "drills" in cmdline(pid):
-        raise Refused(f"the drill that wrote {j.path} is still running (pid {pid}); it restores on exit "
-                      f"(signal it once with SIGINT)")
+    check_drill_gone(j)
     kc, ctx = j.data.get("kubeconfig"), j.data.get("context")
-    if not kc or not ctx:
+    if not (kc and ctx and isinstance(kc, str) and isinstance(ctx, str)):
         raise JournalError(f"journal {j.path}: names no kubeconfig/context to restore on")
     check_context(ctx, embedded=False, allow=allow)
     api = kube.new_client(kc, ctx)

@@ -4,6 +4,8 @@ from .availability import Availability  # noqa: F401
 from .embedded import (  # noqa: F401
     ClusterError,
     ClusterInputError,
+    ClusterInUse,
+    ClusterStateError,
     EmbeddedCluster,
     free_port,
     pid_alive,

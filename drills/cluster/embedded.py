@@ -4,113 +4,91 @@ kwokctl (binary runtime, pointed at the toolchain's binaries) runs etcd, kube-ap
 kube-controller-manager, kube-scheduler and kwok.  After the CRDs exist, the project starts its own
 processes: the real ``rollouts-controller`` at the version under test and the pod releaser of
 availability control (later also the mesh emulator, Prometheus, a chart registry).  Each one is recorded
-(pid, ports, log) in the cluster folder's state.json, and ``down`` stops them by pid.
+(pid, start time, ports, log) in the cluster folder's state.json, and ``down`` stops those it can prove are
+still its own (drills.cluster.state).  Who uses the cluster, and one `up`/`down` at a time: drills.cluster.usage.
 """
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
 from .. import config
-from ..procs import free_port, listening_ports_of, pid_alive, port_in_use, terminate
+from ..names import is_plain_name, plain_name
+from ..procs import free_port, listening_ports_of, pid_alive, port_in_use, proven, terminate_proven
 from ..toolchain import Toolchain, check_built, components_for
 from ..wait import WaitTimeout, until
+from .errors import ClusterError, ClusterInputError, ClusterInUse, ClusterStateError, ControlPlaneExited
 from .snapshot import SnapshotStore, snapshot_inputs, snapshot_key, stamped_sha256
 from .startup import (SENTINEL_NS, PhaseClock, create_sentinel, crds_served, install_crds, kwokctl_configuration,
                       nodes_ready, polling_client, reserve_ports, revive_exited, sentinel_reconciled)
+from .state import ClusterState
+from .usage import Usage, describe
 
 NODES = 2
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
 
 
-class ClusterError(RuntimeError):
-    """The cluster could not be brought up or reached (a runtime failure)."""
-
-
-class ControlPlaneExited(ClusterError):
-    """A control-plane process exited while the cluster started (seen on a loaded machine: the
-    kube-controller-manager gives up when the kube-apiserver's /healthz is slow); one more start is tried."""
-
-
-class ClusterInputError(ClusterError):
-    """Bad input or a refused start: an occupied port, a missing binary, an unknown version (exit 2)."""
-
-
-class EmbeddedCluster:
-    """One embedded cluster (folder ``$DRILLS_CACHE/clusters/<name>``)."""
+class EmbeddedCluster(ClusterState):
+    """One embedded cluster (folder ``$DRILLS_CACHE/clusters/<name>``; the name is a plain name, drills.names)."""
 
     def __init__(self, name: str | None = None, toolchain: Toolchain | None = None, log=None):
-        self.name = name or os.environ.get("DRILLS_CLUSTER") or config.EMBEDDED_CLUSTER_NAME
+        self.name = config.cluster_name(name)
         self.tc = toolchain or Toolchain()
-        self.folder = config.clusters_dir() / self.name
+        self.folder = config.clusters_dir().absolute() / self.name
         self.kubeconfig = self.folder / "kubeconfig"
         self.state_file = self.folder / "state.json"
-        self.kwok_workdir = config.cache_dir() / "kwok-workdir"
+        self.kwok_workdir = config.cache_dir().absolute() / "kwok-workdir"
         self.log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+        self.usage = Usage(self.folder.parent, self.name)
+        self._holder = None
 
-    # --- state --------------------------------------------------------------------------------
-    def state(self) -> dict:
-        try:
-            data = json.loads(self.state_file.read_text())
-        except (FileNotFoundError, ValueError, UnicodeDecodeError):
-            return {}
-        return data if isinstance(data, dict) else {}
+    # --- who uses it ----------------------------------------------------------------------------------
+    def hold(self, purpose: str) -> None:
+        """Mark this cluster in use by this process until ``release`` (or the process ends): `up` elsewhere then
+        refuses to replace it.  Take it before `up`, so nothing can replace the cluster in between."""
+        if self._holder is None or not self._holder.held:
+            self._holder = self.usage.hold(purpose)
 
-    def state_error(self) -> str | None:
-        """Why the state file cannot be read (None when it is fine or absent)."""
-        try:
-            data = json.loads(self.state_file.read_text())
-        except FileNotFoundError:
+    def release(self) -> None:
+        if self._holder is not None:
+            self._holder.release()
+
+    def holders(self) -> list[dict]:
+        """Who else uses the cluster now (this object's own marker left out)."""
+        return self.usage.holders(exclude=(self._holder.path,) if self._holder and self._holder.held else ())
+
+    def in_use(self) -> str | None:
+        """Why the cluster may not be replaced or taken down by a caller that did not start it: another holder,
+        or a drill's lease on a Rollout in it; None when nobody uses it."""
+        others = self.holders()
+        if others:
+            more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+            return f"in use by {describe(others[0])}{more}"
+        lease = self._a_lease()
+        return f"in use by a drill's lease on rollout {lease}" if lease else None
+
+    def _a_lease(self) -> str | None:
+        """A Rollout of this cluster carrying a drill's lease (a live drill runs on it, or left a restore owed)."""
+        if not self.kubeconfig.exists():
             return None
-        except (ValueError, UnicodeDecodeError) as e:
-            return f"{self.state_file} is not valid JSON ({e})"
-        return None if isinstance(data, dict) else f"{self.state_file} does not hold a JSON object"
-
-    def own_processes(self) -> list[int]:
-        """Processes started for this cluster, found by their command line (every one names the cluster's
-        kubeconfig or folder): the way to stop them when the state file cannot be read."""
-        marks = (str(self.kubeconfig).encode(), str(self.folder).encode() + b"/")
-        out = []
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit() or int(d.name) == os.getpid():
-                continue
-            try:
-                cmd = (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if any(m in cmd for m in marks):
-                out.append(int(d.name))
-        return out
-
-    @contextmanager
-    def _state_lock(self):
-        """One read-modify-write of state.json at a time: the legs of a run (separate processes, and threads of
-        one) register their processes on one cluster at once.  The lock file sits beside the cluster folder,
-        which `down` removes."""
-        path = self.folder.parent / f".{self.name}.state.lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
-
-    def _save(self, st: dict) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_name(f"state.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(st, indent=2))
-        os.replace(tmp, self.state_file)
+        try:
+            from kubernetes import client
+            items = client.CustomObjectsApi(self.api_client()).list_cluster_custom_object(
+                "argoproj.io", "v1alpha1", "rollouts", _request_timeout=5)["items"]
+        except Exception:          # no answer, no CRD: nothing there can be proven to hold it
+            return None
+        for ro in items:
+            meta = ro.get("metadata") or {}
+            lease = (meta.get("annotations") or {}).get("drills.dev/lease")
+            if lease:
+                return f"{meta.get('namespace')}/{meta.get('name')} ({lease[:160]})"
+        return None
 
     @property
     def controller_version(self) -> str | None:
@@ -119,20 +97,6 @@ class EmbeddedCluster:
     @property
     def api_server(self) -> str | None:
         return self.state().get("api_server")
-
-    def register_process(self, name: str, pid: int, ports: list[int], log: Path | str) -> None:
-        with self._state_lock():
-            st = self.state()
-            st.setdefault("processes", [])
-            st["processes"] = [p for p in st["processes"] if p["name"] != name]
-            st["processes"].append({"name": name, "pid": pid, "ports": list(ports), "log": str(log)})
-            self._save(st)
-
-    def unregister_process(self, name: str) -> None:
-        with self._state_lock():
-            st = self.state()
-            st["processes"] = [p for p in st.get("processes", []) if p["name"] != name]
-            self._save(st)
 
     def api_client(self):
         from ..kube import new_client
@@ -146,35 +110,19 @@ class EmbeddedCluster:
             raise ClusterError(f"kwokctl {' '.join(args)} failed: {(r.stderr or r.stdout).strip()[-800:]}")
         return r
 
-    def _kwok_pids(self) -> dict[str, int]:
-        """The control-plane processes kwokctl started (its pids folder)."""
-        out = {}
-        pdir = self.kwok_workdir / "clusters" / self.name / "pids"
-        if pdir.is_dir():
-            for f in pdir.glob("*.pid"):
-                try:
-                    out[f.stem] = int(f.read_text().strip())
-                except ValueError:
-                    continue
-        return out
-
-    def all_pids(self) -> list[int]:
-        return [p["pid"] for p in self.state().get("processes", [])] + list(self._kwok_pids().values())
-
     # --- status ---------------------------------------------------------------------------------
     def status(self) -> dict:
         st = self.state()
         if not st:
             err = self.state_error()
             return {"ready": False, "cluster": self.name, "error": err} if err else {"ready": False}
-        procs = list(st.get("processes", []))
-        for name, pid in sorted(self._kwok_pids().items()):
-            procs.append({"name": name, "pid": pid, "managed_by": "kwokctl",
-                          "log": str(self.kwok_workdir / "clusters" / self.name / "logs" / f"{name}.log")})
-        for p in procs:
-            p["alive"] = pid_alive(p["pid"])
-            if p.get("managed_by"):
-                p["ports"] = listening_ports_of([p["pid"]]) if p["alive"] else []
+        procs = [{k: p.get(k) for k in ("name", "pid", "ports", "log")} | {"alive": self.still_running(p) and
+                 proven(p, self.marks())} for p in self.process_records(st)]
+        for name, (pid, rec) in sorted(self.control_plane().items()):
+            alive = rec is not None and self.still_running(rec)
+            procs.append({"name": name, "pid": pid, "managed_by": "kwokctl", "alive": alive,
+                          "ports": listening_ports_of([pid]) if alive else [],
+                          "log": str(self.kwok_dir / "logs" / f"{name}.log")})
         api_ok = self._api_ready(timeout=2)
         ctrl = next((p for p in procs if p["name"] == "rollouts-controller"), None)
         ready = bool(api_ok and ctrl and ctrl["alive"] and st.get("ready"))
@@ -189,7 +137,8 @@ class EmbeddedCluster:
             "crd_source": st.get("crd_source"), "crd_warning": st.get("crd_warning"),
             "kubeconfig": str(self.kubeconfig), "api_server": st.get("api_server"),
             "api_server_ready": api_ok, "folder": str(self.folder), "processes": procs,
-            "audit_log": st.get("audit_log"), "created_at": st.get("created_at"),
+            "audit_log": str(self.kwok_dir / "logs" / "audit.log") if st.get("audit_log") else None,
+            "created_at": st.get("created_at"),
         }
 
     def _api_ready(self, timeout: float = 2) -> bool:
@@ -210,34 +159,50 @@ class EmbeddedCluster:
            reported_version: str | None = None, crd_warning: str | None = None) -> dict:
         """A cluster at release ``controller_version``; with ``controller_binary`` (a user-built controller,
         drills.controller_binary) that argument is only the nearest release, and the cluster is labelled by the
-        binary's reported version, its sha256 and its CRD folder ``crds_dir``."""
-        version = controller_version or config.DEFAULT_CONTROLLER
+        binary's reported version, its sha256 and its CRD folder ``crds_dir``.
+
+        A cluster of this name that runs something else is replaced only when nobody uses it (``in_use``);
+        otherwise ClusterInUse (exit 2) names who does.  One `up` or `down` of a name at a time."""
+        version = plain_name(controller_version or config.DEFAULT_CONTROLLER, "controller version")
         if controller_binary is not None and crds_dir is None:
             raise ClusterInputError("a user-built controller needs its CRD folder (drills.controller_binary)")
-        label = (config.normalise_version(reported_version or "") or reported_version or "unknown"
-                 ) if controller_binary is not None else version
+        label = plain_name((config.normalise_version(reported_version or "") or reported_version or "unknown")
+                           if controller_binary is not None else version, "the controller's reported version")
         if api_port and port_in_use(api_port):
             raise ClusterInputError(f"port {api_port} on 127.0.0.1 is already in use")
-        st = self.state()
-        if st:
-            same = ((st.get("nearest_release") or st.get("controller_version")) == version and
-                    st.get("controller_version") == label and
-                    st.get("controller_binary") == (str(controller_binary) if controller_binary else None) and
-                    (crds_dir is None or st.get("crd_source") == str(crds_dir)))
-            if same and self.status()["ready"]:
-                self.log(f"cluster: {self.name} already up with controller {label}")
-                return self.status()
-            self.log(f"cluster: replacing {self.name} "
-                     f"(controller {st.get('controller_version')} -> {label})")
-            self.down()
-        comps = components_for([] if controller_binary else [version])
-        comps = [c for c in comps if c.name != "helm"]
-        missing = [c for c in comps if not self.tc.is_built(c)]
-        if missing:
-            if not build:
+        comps = [c for c in components_for([] if controller_binary else [version]) if c.name != "helm"]
+        for _ in range(2):
+            missing = [c for c in comps if not self.tc.is_built(c)]
+            if missing and not build:
                 raise ClusterInputError(
                     "missing binary: " + ", ".join(c.key for c in missing) + " (run: drills toolchain build)")
-            self.tc.ensure(missing)
+            with self.usage.exclusive(f"cluster up --controller {label}", self.log):
+                st = self.state()
+                same = ((st.get("nearest_release") or st.get("controller_version")) == version and
+                        st.get("controller_version") == label and
+                        st.get("controller_binary") == (str(controller_binary) if controller_binary else None) and
+                        (crds_dir is None or st.get("crd_source") == str(crds_dir)))
+                if st and same and self.status()["ready"]:
+                    self.log(f"cluster: {self.name} already up with controller {label}")
+                    return self.status()
+                if st or self.folder.exists():
+                    why = self.in_use()
+                    if why:
+                        raise ClusterInUse(
+                            f"cluster {self.name} is {why}: it is not replaced with controller {label} (it runs "
+                            f"{st.get('controller_version') or 'something else'}); nothing was changed. Use another "
+                            f"cluster (DRILLS_CLUSTER=<name>) or wait until it is done")
+                if not missing:
+                    return self._replace(st, version, label, api_port, controller_binary, crds_dir,
+                                         reported_version, crd_warning)
+            self.tc.ensure(missing)        # outside the lock: a build takes minutes
+        raise ClusterError(f"still missing after the build: {', '.join(c.key for c in missing)}")
+
+    def _replace(self, st, version, label, api_port, controller_binary, crds_dir, reported_version,
+                 crd_warning) -> dict:
+        if st:
+            self.log(f"cluster: replacing {self.name} (controller {st.get('controller_version')} -> {label})")
+            self._down()
         if controller_binary is None:
             controller_binary = self.tc.rollouts_dir(version) / "rollouts-controller"
             crds_dir = crds_dir or self.tc.rollouts_dir(version) / "crds"
@@ -255,13 +220,13 @@ class EmbeddedCluster:
                              label, crd_warning)
                 break
             except ControlPlaneExited as e:
-                self.down(quiet=True)
+                self._down(quiet=True)
                 if attempt == 2:
                     raise
                 self.log(f"cluster: {e}; cleaned up, starting once more")
             except BaseException:
                 self.log("cluster: start failed, cleaning up")
-                self.down(quiet=True)
+                self._down(quiet=True)
                 raise
         st = self.state()
         what = (f"user-built controller {label} (reports {reported_version}, sha256 {st.get('controller_sha256')})"
@@ -290,9 +255,10 @@ class EmbeddedCluster:
         conf_path.write_text(yaml.safe_dump_all(kc.documents, sort_keys=False))
         crd_files = sorted(crds_dir.glob("*.yaml")) + [self.tc.bin("istio-crds", config.ISTIO_API_VERSION, "crds.yaml")]
         inputs = snapshot_inputs(self.tc, crd_files, kc.stages, kc.audit_policy, kc.options, SENTINEL_NS, NODES)
-        kdir = self.kwok_workdir / "clusters" / self.name
+        kdir = self.kwok_dir
         create = ("create", "cluster", "--name", self.name, "-c", str(conf_path), "--kubeconfig", str(self.kubeconfig))
         if kdir.exists():     # a leftover of a cluster of this name that was not taken down
+            self.drop_unproven_pid_files()        # (its record is gone: kwokctl signals nothing it names)
             self._kwokctl("delete", "cluster", "--name", self.name, check=False)
             shutil.rmtree(kdir, ignore_errors=True)
         self._update(audit_log=str(kdir / "logs" / "audit.log"), kwok_cluster_dir=str(kdir))
@@ -311,6 +277,7 @@ class EmbeddedCluster:
                 with clock.phase("kwokctl: control plane forked"):
                     self._wait(lambda: self._kwokctl_failed(background) or set(CONTROL_PLANE) <= set(self._kwok_pids()),
                                60, "kwokctl to start the control plane")
+                    self.record_control_plane()
                 # all that is left of `kwokctl create` is its wait for /version: a kubectl run every 200 ms that
                 # takes CPU from the starting apiserver; the CRDs being served is the wait that counts here
                 background.terminate()
@@ -322,6 +289,7 @@ class EmbeddedCluster:
                 self.log(f"cluster: no snapshot for these inputs: building {lease.key} (kwokctl, binary runtime)")
                 with clock.phase("kwokctl create"):
                     self._kwokctl(*create, timeout=180)
+                    self.record_control_plane()
                 with clock.phase("kube-apiserver /readyz after create"):
                     self._wait(lambda: self._api_ready(timeout=1), 60, "the kube-apiserver to answer /readyz")
                 with clock.phase("nodes"):
@@ -359,12 +327,6 @@ class EmbeddedCluster:
                      controller_reported_version=reported_version,
                      startup={"at": clock.at, "phases": clock.phases})
 
-    def _update(self, **fields) -> None:
-        with self._state_lock():
-            st = self.state()
-            st.update(fields)
-            self._save(st)
-
     def _kwokctl_background(self, *args) -> subprocess.Popen:
         with open(self.folder / "logs" / "kwokctl.log", "ab") as log:
             return subprocess.Popen([str(self.tc.bin("kwok", config.KWOK_VERSION, "kwokctl")), *args],
@@ -384,20 +346,21 @@ class EmbeddedCluster:
         The node Leases go first: a kwok controller takes a node (and its pods) only through its Lease, and
         a Lease held by the stopped one would keep the next one waiting until it expires (minutes)."""
         from kubernetes import client
-        kdir = self.kwok_workdir / "clusters" / self.name
-        pids = self._kwok_pids()
+        kdir = self.kwok_dir
+        pids = self.control_plane()
         for name in reversed(CONTROL_PLANE):
-            if name in pids:
-                self._terminate(pids[name], grace=20, expect=name.split("-")[0])
+            if name in pids and pids[name][1] is not None:
+                terminate_proven(pids[name][1], self.kwok_marks(), grace=20)
             if name == "kwok-controller":
                 client.CoordinationV1Api(api).delete_collection_namespaced_lease("kube-node-lease")
-        if any(pid_alive(p) for p in pids.values()):
+        if any(pid_alive(pid) for pid, _ in pids.values()):
             raise ClusterError("the control plane did not stop for the snapshot")
         for name in pids:     # kwokctl would take a stopped process not yet reaped (a zombie) for running
             (kdir / "pids" / f"{name}.pid").unlink(missing_ok=True)
         lease.save(kdir / "etcd", inputs, {"crds": crds, "crds_from": crds_from})
         self.log(f"cluster: snapshot {lease.key} saved")
         self._kwokctl("start", "cluster", "--name", self.name, timeout=180)
+        self.record_control_plane()
 
     @staticmethod
     def _wait(pred, timeout: float, what: str, interval: float = 0.05):
@@ -447,48 +410,61 @@ class EmbeddedCluster:
         self._wait(reconciled, timeout, "the rollouts controller to reconcile the sentinel Rollout", interval=0.05)
 
     # --- down -------------------------------------------------------------------------------------
-    def down(self, quiet: bool = False) -> dict:
+    def down(self, quiet: bool = False, if_unused: bool = False) -> dict:
+        """Stop the cluster's processes (those it can prove are its own) and remove its folder.  With
+        ``if_unused`` (a run or a test session ending) the cluster stays up while someone else holds it."""
+        if not (self.folder.exists() or self.kwok_dir.exists()):
+            if not quiet:
+                self.log(f"cluster: {self.name} down (there was none)")
+            return {"stopped": [], "left_running": []}
+        with self.usage.exclusive("cluster down", self.log):
+            others = self.holders()
+            if others and if_unused:
+                self.log(f"cluster: {self.name} left up: in use by {describe(others[0])}")
+                return {"stopped": [], "left_up": describe(others[0])}
+            if others:
+                self.log(f"cluster: warning: taking {self.name} down while in use by {describe(others[0])}")
+            return self._down(quiet)
+
+    def _down(self, quiet: bool = False) -> dict:
         st = self.state()
-        procs = [p for p in st.get("processes", []) if isinstance(p, dict) and isinstance(p.get("pid"), int)]
-        for p in procs:
-            self._terminate(p["pid"], expect=self._expected_cmd(str(p.get("name"))))
-        for pid in self.own_processes():      # whatever the state file no longer (or never) named
-            self._terminate(pid, grace=2.0)
+        procs = self.process_records(st)
+        stopped = [p["name"] for p in procs if terminate_proven(p, self.marks())]
+        control = self.control_plane()
+        self.drop_unproven_pid_files()          # kwokctl stops what its pid files name: only what is proven ours
         r = None
-        kwok_pids = self._kwok_pids()
         if self.tc.bin("kwok", config.KWOK_VERSION, "kwokctl").exists():
             r = self._kwokctl("delete", "cluster", "--name", self.name, "--kubeconfig", str(self.kubeconfig),
                               check=False)
-        for name, pid in kwok_pids.items():      # kwokctl stops them; make sure of it
-            self._terminate(pid, grace=2.0, expect=name.split("-")[0])
+        ours = [rec for _, rec in control.values() if rec is not None]
+        for rec in ours:                          # kwokctl stops them; make sure of it
+            terminate_proven(rec, self.kwok_marks(), grace=2.0)
+        waited = [p for p in procs if p["name"] in stopped] + ours
         try:                                      # a killed process holds its listeners until its last thread exits
-            self._wait(lambda: not any(pid_alive(p) for p in [*kwok_pids.values(), *(p["pid"] for p in procs)]), 10,
-                       "the cluster's processes to exit")
+            self._wait(lambda: not any(self.still_running(p) for p in waited), 10, "the cluster's processes to exit")
         except ClusterError as e:
             self.log(f"cluster: {e}")
+        left = self.own_processes()
+        if left:
+            self.log(f"cluster: left running, not proven to be started by drills for {self.name} (never "
+                     f"signalled): pid {', '.join(map(str, left[:10]))}")
         if self.folder.exists():
             shutil.rmtree(self.folder, ignore_errors=True)
+        self.usage.tidy()                         # the folder of markers, when none is left
         if not quiet:
             self.log(f"cluster: {self.name} down" + (f" ({r.stderr.strip()[-200:]})" if r is not None and
                                                       r.returncode != 0 else ""))
-        return {"stopped": [p.get("name") for p in procs]}
-
-    def _expected_cmd(self, name: str) -> str:
-        return {"rollouts-controller": "--leader-elect=false", "releaser": "drills.cluster.availability"}.get(
-            name, str(self.kubeconfig) if name.startswith("mesh") else name.split("-")[0])
-
-    @staticmethod
-    def _terminate(pid: int, grace: float = 5.0, expect: str | None = None):
-        terminate(pid, grace, expect)
+        return {"stopped": stopped + [n for n, (_, rec) in control.items() if rec is not None], "left_running": left}
 
 
 def audit_log_for(kubeconfig: str | Path) -> str | None:
     """The audit log of the embedded cluster whose kubeconfig this is (None for any other cluster)."""
     folder = Path(kubeconfig).resolve().parent
-    if folder.parent != config.clusters_dir().resolve():
+    if folder.parent != config.clusters_dir().resolve() or not is_plain_name(folder.name):
         return None
-    return EmbeddedCluster(folder.name).state().get("audit_log")
+    c = EmbeddedCluster(folder.name)
+    return str(c.kwok_dir / "logs" / "audit.log") if c.state().get("audit_log") else None
 
 
-__all__ = ["EmbeddedCluster", "ClusterError", "ClusterInputError", "free_port", "port_in_use", "pid_alive",
+__all__ = ["EmbeddedCluster", "ClusterError", "ClusterInputError", "ClusterInUse", "ClusterStateError", "free_port", "port_in_use", "pid_alive",
            "listening_ports_of"]

@@ -274,6 +274,7 @@ def revive_exited(cluster, kdir: Path, exited_error: type[Exception]) -> None:
         for name in dead:        # kwokctl would take an exited process not yet reaped (a zombie) for running
             (kdir / "pids" / f"{name}.pid").unlink(missing_ok=True)
         cluster._kwokctl("start", "cluster", "--name", cluster.name, timeout=180)
+        cluster.record_control_plane(dead)      # the new processes are the product's own: down stops them
 
         def settled() -> bool:
             pids = cluster._kwok_pids()

@@ -52,6 +52,8 @@ def _check(args) -> None:
                              "(--kubeconfig/--context/--all-contexts)")
     if args.verify < 0:
         raise ScanInputError(f"--verify {args.verify}: K must be >= 0")
+    if args.verify:
+        config.cluster_name()          # $DRILLS_CLUSTER names the cluster folder the probes use: a plain name
     if args.workers is not None and not 1 <= args.workers <= 64:
         raise ScanInputError(f"--workers {args.workers}: give 1..64")
     if args.source and not Path(args.source).is_dir():
@@ -180,13 +182,15 @@ def verify_run(records: list, k: int, scope: str, log) -> tuple[list[dict], Path
         cluster = EmbeddedCluster(log=log)
         was_up = bool(cluster.status().get("ready")) and cluster.controller_version == version
         try:
+            cluster.hold("drills scan --verify")
             cluster.up(version)
             ctx.api, ctx.cluster, ctx.audit_log = cluster.api_client(), cluster, cluster.status().get("audit_log")
             lane.verify()
         finally:
             comparisons += lane.comparisons
+            cluster.release()
             if not was_up:
-                cluster.down(quiet=True)
+                cluster.down(quiet=True, if_unused=True)
     write_run_report(run_dir)
     write_matrix(None, run_dir.parent)
     log(f"verify: run folder {run_dir}, report {run_dir / 'report.html'}")

@@ -236,6 +236,7 @@ def restart_control_plane(cluster, name: str, while_down=None) -> int:
     until(f"the restarted {name} to run" + (" and answer /readyz" if name == "kube-apiserver" else ""), up,
           timeout=120, interval=0.2, describe=lambda _: f"{len(started)} start(s)")
     (kdir / "pids" / f"{name}.pid").write_text(str(started[-1]))
+    cluster.record_control_plane([name])      # started here, for this cluster: `down` may stop it
     return started[-1]
 
 
