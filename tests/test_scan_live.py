@@ -13,7 +13,7 @@ import yaml
 from kubernetes import client
 
 from drills import config
-from drills.scan.live import USER_AGENT
+from drills.scan.live import USER_AGENT, controller_of
 from drills.wait import until
 
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
@@ -114,7 +114,9 @@ def _labelled(name: str, labels: dict) -> dict:
 @pytest.mark.single_version
 def test_live_scan_takes_the_controller_a_namespace_and_a_selector(cluster, kube, namespace, controller_version):
     # no argo-rollouts Deployment anywhere: the controller runs outside the cluster (as the embedded one does), so
-    # the cluster shows no version; --controller says it
+    # the cluster shows no version; --controller says it.  (Another test's Deployment goes with its namespace.)
+    until("no argo-rollouts controller Deployment left in the cluster", lambda: controller_of(client.AppsV1Api(kube)),
+          lambda found: found == (None, None), timeout=120, interval=1)
     co = client.CustomObjectsApi(kube)
     for name, team in (("pay", "payments"), ("cart", "shop")):
         co.create_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts",
