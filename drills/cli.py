@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _apply_globals(args) -> None:
-    """--reports-dir (for this process and every child: DRILLS_REPORTS), -o json (as --json)."""
+    """--reports-dir (for this process and every child: DRILLS_REPORTS), -o json (as --json), fixtures/ paths."""
     where = getattr(args, "reports_dir", None)
     if where is not None:
         path = Path(where).expanduser().absolute()
@@ -303,6 +303,9 @@ def _apply_globals(args) -> None:
         os.environ["DRILLS_REPORTS"] = str(path)
     if getattr(args, "output", None):
         args.json = True
+    for name in ("fleet", "charts"):          # fixtures/... outside a checkout: the built-in data
+        if getattr(args, name, None):
+            setattr(args, name, config.data_path(getattr(args, name)))
 
 
 def _dispatch(args) -> int:

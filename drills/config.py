@@ -81,6 +81,15 @@ def lanes_dir() -> Path:
     return data_root() / "lanes"
 
 
+def data_path(given: str | None) -> str | None:
+    """A path as given; a relative ``fixtures/...`` that names nothing here is the built-in data of that name (the
+    README's ``--fleet fixtures/fleet`` works outside a checkout too).  Anything else is the user's own path."""
+    if not given or Path(given).exists() or Path(given).is_absolute() or Path(given).parts[:1] != ("fixtures",):
+        return given
+    builtin = fixtures_dir().joinpath(*Path(given).parts[1:])
+    return str(builtin) if builtin.exists() else given
+
+
 def reports_dir() -> Path:
     """Where run folders go: $DRILLS_REPORTS (``--reports-dir`` sets it), else ./reports of the working
     directory; never inside the installed package."""

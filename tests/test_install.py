@@ -129,8 +129,9 @@ def test_installed_drills_works_from_an_empty_folder_and_writes_only_there(venv,
     scan = json.loads(run([bin_ / "drills", "scan", "--fleet", fleet, "--json"], work, env).stdout)
     assert len(scan["rollouts"]) == 10 and scan["summary"]["exposed"] == 4
     assert {r["origin"]["base_chart"] for r in scan["rollouts"]} == {"3.0.13"}
-    same = json.loads(run([bin_ / "drills", "scan", "--fleet", "--json"], work, env).stdout)  # the built-in fleet
-    assert [r["source"] for r in same["rollouts"]] == [r["source"] for r in scan["rollouts"]]
+    for given in ([], ["fixtures/fleet"]):         # --fleet alone, and the README's fixtures/fleet: the built-in one
+        same = json.loads(run([bin_ / "drills", "scan", "--fleet", *given, "--json"], work, env).stdout)
+        assert [r["source"] for r in same["rollouts"]] == [r["source"] for r in scan["rollouts"]]
 
     Toolchain().ensure(components_for([config.DEFAULT_CONTROLLER]))      # built, or waited for
     try:
