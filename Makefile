@@ -9,10 +9,16 @@ TEST_WORKERS ?= 3
 # more pytest arguments for the tests (e.g. --junitxml=FILE); the drills' own pytest runs never see them
 PYTEST_ARGS ?=
 
-.PHONY: drills test install toolchain
+.PHONY: drills test install toolchain wheel
 
+# the package (editable) with its test extra, at the versions constraints.txt pins (the ones tested)
 install:
-	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e .
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+
+# the wheel a user installs (pip install dist/drills-*.whl): the package and its built-in data (setup.py)
+wheel:
+	rm -rf build
+	$(PYTHON) -m pip wheel --quiet --disable-pip-version-check --no-deps -w dist .
 
 toolchain: install
 	$(PYTHON) -m drills toolchain build --controller $(TEST_CONTROLLERS) --extra registry,prometheus

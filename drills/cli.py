@@ -7,17 +7,48 @@ this module.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import os
 import sys
+from pathlib import Path
 
-from . import commands, config, lanes, legs, probe, runner
+import yaml
+
+from . import about, commands, config, lanes, legs, probe, runner
 from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
 from .signals import Interrupted
+
+
+# --- kubectl's habits: -o json|yaml beside --json, --version, --reports-dir anywhere ---------------------------
+OUTPUTS = ("json", "yaml")
+REPORTS_DIR_HELP = "where run folders go (default: $DRILLS_REPORTS, else ./reports of the working directory)"
+
+
+def _output(parser: argparse.ArgumentParser) -> None:
+    """-o json|yaml beside a command's --json (yaml: the same document)."""
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default=None, help="json (as --json) or yaml")
+
+
+def _reports_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reports-dir", default=argparse.SUPPRESS, metavar="DIR", help=REPORTS_DIR_HELP)
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(about.text(about.info()))
+        parser.exit(0)
 
 
 # --- the parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="drills", description="Rollback drills against Argo Rollouts canaries.")
+    p.add_argument("--version", action=_Version, help="drills' version, commit and component versions, and exit")
+    _reports_dir(p)
     sub = p.add_subparsers(dest="command", required=True)
     versions = ", ".join(config.SUPPORTED_CONTROLLERS)
 
@@ -30,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=commands.cmd_toolchain_build)
     ls = tcs.add_parser("list", help="what is built and what is supported")
     ls.add_argument("--json", action="store_true")
+    _output(ls)
     ls.set_defaults(func=commands.cmd_toolchain_list)
 
     rn = sub.add_parser("run", help="the main job: drill legs on embedded clusters into reports/<run-id>, or live mode",
@@ -49,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                          f"{runner.default_jobs()})")
     rn.add_argument("--plan", action="store_true", help="print the legs the run would execute and start nothing")
     rn.add_argument("--json", action="store_true", help="with --plan: JSON")
+    _output(rn)
     rn.add_argument("--shard", default=None, help="I/N: run shard I of N (legs balanced by measured durations)")
     rn.add_argument("--durations", default=None,
                     help="leg durations to balance shards with (JSON: leg id -> seconds; default: the cache's)")
@@ -60,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     live = rn.add_argument_group("live mode (a stage Rollout, under the safety rules)")
     live.add_argument("--kubeconfig", default=None)
     live.add_argument("--context", default=None)
-    live.add_argument("--namespace", default=None)
+    live.add_argument("-n", "--namespace", default=None)
     live.add_argument("--rollout", default=None)
     live.add_argument("--allow-context", action="append", default=[])
     live.add_argument("--sync-paused", action="store_true", help="the Argo CD sync of this app is paused")
@@ -72,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     live.add_argument("--container", default=None,
                       help="the application container (default: the only container, the one named like the Rollout "
                            "or its app.kubernetes.io/name label, else the only one that is not a known sidecar)")
+    _reports_dir(rn)
     rn.set_defaults(func=commands.cmd_run)
 
     uc = sub.add_parser("upgrade-check", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -96,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     uc.add_argument("--runs", nargs="+", default=None, metavar="RUN_DIR",
                     help="classify rows already recorded in these run folders; run nothing")
     uc.add_argument("--json", action="store_true", help="the classification as JSON (upgrade.json)")
+    _output(uc)
+    _reports_dir(uc)
     uc.add_argument("--keep-cluster", action="store_true", help="leave the embedded clusters up afterwards")
     uc.set_defaults(func=commands.cmd_upgrade_check)
 
@@ -120,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--expect", type=int, default=None, help="exit 1 unless the peak equals this weight")
     pr.add_argument("--keep-namespace", action="store_true")
     pr.add_argument("--json", action="store_true")
+    _output(pr)
+    _reports_dir(pr)
     pr.set_defaults(func=commands.cmd_probe)
 
     wa = sub.add_parser("watch", help="record a live Rollout (read-only) and print the derived windows")
@@ -150,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--from", dest="from_version", required=True, help="base chart version to render first")
     rd.add_argument("--to", dest="to_version", required=True, help="base chart version to compare with")
     rd.add_argument("--json", action="store_true", help="print JSON")
+    _output(rd)
     rd.add_argument("--fleet", default=None, help="fleet folder (default: fixtures/fleet)")
     rd.add_argument("--apps-dir", default="apps", help="folder of the per-environment app lists, in the fleet")
     rd.add_argument("--charts", default=None, help="base chart source folders (default: fixtures/charts/base)")
@@ -167,11 +206,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="merge shard run folders into one run folder (as if one machine had run them)")
     rp.add_argument("--json", action="store_true",
                     help="print the headline per controller and the failing or hazard rows as JSON")
+    _output(rp)
+    _reports_dir(rp)
     rp.set_defaults(func=commands.cmd_report)
 
     ln = sub.add_parser("lanes", help="the registered lanes: key, title, data folder, versions with expectations")
     ln.add_argument("--json", action="store_true")
+    _output(ln)
     ln.set_defaults(func=commands.cmd_lanes)
+
+    vr = sub.add_parser("version", help="drills' version, commit, where its data, reports and cache are, and the "
+                                        "versions of the Go components it builds")
+    vr.add_argument("--json", action="store_true")
+    _output(vr)
+    vr.set_defaults(func=about.cmd_version)
 
     sc = sub.add_parser("scan", help="predict every Rollout's rollback exposure; lint it in CI; --verify on the real "
                                      "controller",
@@ -181,8 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "layout rendered with helm, live clusters (read-only).")
     sc.add_argument("inputs", nargs="*", help="manifest files, folders or - (a helm template / kustomize / kubectl get "
                                               "-o yaml stream on standard input)")
-    sc.add_argument("--fleet", default=None, help="a fleet layout (charts, value layers, apps/<env>.yaml) to render "
-                                                  "with helm")
+    sc.add_argument("--fleet", default=None, nargs="?", const=str(config.fixtures_dir() / "fleet"), metavar="DIR",
+                    help="a fleet layout (charts, value layers, apps/<env>.yaml) to render with helm; without DIR "
+                         "the built-in fixture fleet")
     sc.add_argument("--env", default=None, help="fleet environments, comma-separated (default: every apps/<env>.yaml)")
     sc.add_argument("--app", action="append", default=[], help="only this fleet app (repeatable)")
     sc.add_argument("--charts", default=None, help="base chart source folders of the fleet (default: "
@@ -190,13 +239,20 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--kubeconfig", default=None, help="read Rollouts from live clusters (read-only)")
     sc.add_argument("--context", default=None, help="the kubeconfig context (default: the current one)")
     sc.add_argument("--all-contexts", action="store_true", help="every context of the kubeconfig")
+    sc.add_argument("-n", "--namespace", default=None, help="live: only this namespace's Rollouts (default: every "
+                                                            "namespace)")
+    sc.add_argument("-A", "--all-namespaces", action="store_true", help="live: every namespace (the default)")
+    sc.add_argument("-l", "--selector", default=None, help="live: only the Rollouts this label selector matches "
+                                                           "(e.g. team=payments,tier!=batch)")
     sc.add_argument("--controller", default=None,
                     help=f"controller version(s) for manifests and fleet renders, comma-separated or 'all' (default "
                          f"{config.DEFAULT_CONTROLLER}; several: every Rollout is predicted on each, as before an "
-                         f"upgrade); a cluster's own version is read from its argo-rollouts Deployment")
+                         f"upgrade); a cluster's own version is read from its argo-rollouts Deployment, unless "
+                         f"--controller is given: it overrides what the cluster shows")
     sc.add_argument("--source", default=None, help="Argo Rollouts source tree of a user-built controller: the rules "
                                                    "are read from it instead of the release's module")
     sc.add_argument("--json", action="store_true", help="print JSON (one object per Rollout, the summary, clusters)")
+    _output(sc)
     sc.add_argument("--sarif", default=None, metavar="FILE", help="also write SARIF 2.1.0 for code scanning")
     sc.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML")
     sc.add_argument("--fail-on", default=None,
@@ -214,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "vs observed in the ledger (lane scan) of a run folder, with its report")
     sc.add_argument("--workers", type=int, default=None, help="parallel helm renders and manifest parsers (default: "
                                                               "CPU count)")
+    _reports_dir(sc)
     sc.set_defaults(func=commands.cmd_scan)
 
     cl = sub.add_parser("cluster", help="the embedded default cluster")
@@ -225,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=commands.cmd_cluster_up)
     stp = cls.add_parser("status", help="is it up, which controller, where")
     stp.add_argument("--json", action="store_true")
+    _output(stp)
     stp.set_defaults(func=commands.cmd_cluster_status)
     dn = cls.add_parser("down", help="stop every process of the cluster")
     dn.set_defaults(func=commands.cmd_cluster_down)
@@ -238,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return EXIT_BAD_INPUT if e.code not in (0, None) else EXIT_OK
     try:
-        return args.func(args)
+        _apply_globals(args)
+        return _dispatch(args)
     except BadInput as e:
         commands.err(str(e))
         return EXIT_BAD_INPUT
@@ -250,6 +309,44 @@ def main(argv: list[str] | None = None) -> int:
             raise
         commands.err(f"{type(e).__name__}: {' '.join(str(e).split())[:400]} (set DRILLS_DEBUG=1 for the traceback)")
         return EXIT_FAIL
+
+
+def _apply_globals(args) -> None:
+    """--reports-dir (for this process and every child: DRILLS_REPORTS), -o json (as --json), fixtures/ paths."""
+    where = getattr(args, "reports_dir", None)
+    if where is not None:
+        path = Path(where).expanduser().absolute()
+        if path.exists() and not path.is_dir():
+            raise BadInput(f"--reports-dir {where}: not a folder")
+        os.environ["DRILLS_REPORTS"] = str(path)
+    if getattr(args, "output", None):
+        args.json = True
+    for name in ("fleet", "charts"):          # fixtures/... outside a checkout: the built-in data
+        if getattr(args, name, None):
+            setattr(args, name, config.data_path(getattr(args, name)))
+
+
+def _dispatch(args) -> int:
+    """The subcommand; with -o yaml its JSON document comes out as YAML (anything else passes as it came)."""
+    if getattr(args, "output", None) != "yaml":
+        return args.func(args)
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            code = args.func(args)
+    except BaseException:
+        sys.stdout.write(buf.getvalue())
+        raise
+    text = buf.getvalue()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        sys.stdout.write(text)
+    else:
+        sys.stdout.write(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                                        width=4096))
+    sys.stdout.flush()
+    return code
 
 
 if __name__ == "__main__":

@@ -60,12 +60,42 @@ def project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+def checkout_root() -> Path | None:
+    """The checkout this package runs from (its pyproject.toml and fixtures/ beside it), or None for an
+    installed package (a wheel in site-packages)."""
+    root = project_root()
+    return root if (root / "pyproject.toml").is_file() and (root / "fixtures" / "lanes").is_dir() else None
+
+
+def data_root() -> Path:
+    """Where the built-in data lives: the checkout's fixtures/ and lanes/, or, installed, the copies the wheel
+    carries in drills/_data/ (setup.py copies them at build time)."""
+    return checkout_root() or Path(__file__).resolve().parent / "_data"
+
+
 def fixtures_dir() -> Path:
-    return project_root() / "fixtures"
+    """The built-in data: the lanes' data, charts, the fixture fleet, locustfiles, load thresholds."""
+    return data_root() / "fixtures"
+
+
+def lanes_dir() -> Path:
+    """The built-in lanes' pytest files (lanes/<key>/)."""
+    return data_root() / "lanes"
+
+
+def data_path(given: str | None) -> str | None:
+    """A path as given; a relative ``fixtures/...`` that names nothing here is the built-in data of that name (the
+    README's ``--fleet fixtures/fleet`` works outside a checkout too).  Anything else is the user's own path."""
+    if not given or Path(given).exists() or Path(given).is_absolute() or Path(given).parts[:1] != ("fixtures",):
+        return given
+    builtin = fixtures_dir().joinpath(*Path(given).parts[1:])
+    return str(builtin) if builtin.exists() else given
 
 
 def reports_dir() -> Path:
-    return Path(os.environ.get("DRILLS_REPORTS") or project_root() / "reports")
+    """Where run folders go: $DRILLS_REPORTS (``--reports-dir`` sets it), else ./reports of the working
+    directory; never inside the installed package."""
+    return Path(os.environ.get("DRILLS_REPORTS") or Path.cwd() / "reports").absolute()
 
 
 def user_config_file() -> Path:

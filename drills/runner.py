@@ -232,10 +232,15 @@ class Run:
             binary = self._binary(leg)
             res.log = self.run_dir / "legs" / f"{leg.slug}.log"
             res.log.parent.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "pytest", "-p", "no:locust", "-p", "no:cacheprovider", "-q", "-rfE",
-                   "--no-header", "--controller", leg.controller, "--lane-a-variant", leg.variant,
+            # the plugin asked for by name (it is opt-in); a built-in lane's tests run from the data root, so an
+            # installed drills reads the lanes' conftest.py its package carries beside them
+            tests, root = REGISTRY[leg.lane].tests_dir(), config.data_root()
+            cmd = [sys.executable, "-m", "pytest", "-p", "no:locust", "-p", "no:cacheprovider", "-p",
+                   "drills.pytest_plugin", "-q", "-rfE", "--no-header", "--drills-controller", leg.controller,
+                   "--drills-lane-a-variant", leg.variant,
                    "--drills-run-dir", str(self.run_dir), "--drills-run-id", self.run_id,
-                   f"--junitxml={self.run_dir / f'junit-{leg.slug}.xml'}", str(REGISTRY[leg.lane].tests_dir())]
+                   f"--junitxml={self.run_dir / f'junit-{leg.slug}.xml'}",
+                   *([f"--rootdir={root}"] if tests.is_relative_to(root) else []), str(tests)]
             env = dict(os.environ, **self.env, **(binary.env() if binary else {}), DRILLS_CLUSTER=cluster.name,
                        DRILLS_KEEP_CLUSTER="1")
             # a run started from inside a pytest-xdist worker: the leg's pytest is no worker (a worker's name

@@ -14,7 +14,7 @@ import yaml
 from kubernetes import client
 
 from drills import config
-from drills.scan.live import USER_AGENT
+from drills.scan.live import USER_AGENT, controller_of
 from test_scan_outputs import validate_sarif
 from drills.wait import until
 
@@ -115,3 +115,57 @@ def test_unreadable_contexts_exit_2(tmp_path):
     r = drills("scan", "--kubeconfig", str(kc), "--all-contexts")
     assert r.returncode == 2 and "cannot read context down" in r.stderr
     assert "down: controller not found" in r.stdout and "ERROR" in r.stdout
+
+
+def _labelled(name: str, labels: dict) -> dict:
+    body = _rollout(name, [{"setWeight": 5}, {"pause": {}}, {"setWeight": 100}])
+    body["metadata"]["labels"] = labels
+    return body
+
+
+@pytest.mark.single_version
+def test_live_scan_takes_the_controller_a_namespace_and_a_selector(cluster, kube, namespace, controller_version):
+    # no argo-rollouts Deployment anywhere: the controller runs outside the cluster (as the embedded one does), so
+    # the cluster shows no version; --controller says it.  (Another test's Deployment goes with its namespace.)
+    until("no argo-rollouts controller Deployment left in the cluster", lambda: controller_of(client.AppsV1Api(kube)),
+          lambda found: found == (None, None), timeout=120, interval=1)
+    co = client.CustomObjectsApi(kube)
+    for name, team in (("pay", "payments"), ("cart", "shop")):
+        co.create_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts",
+                                           _labelled(name, {"team": team}))
+    st = cluster.status()
+    kc = st["kubeconfig"]
+    r = drills("scan", "--kubeconfig", kc, "-n", namespace, "--json")
+    assert r.returncode == 0, r.stderr
+    unknown = json.loads(r.stdout)
+    assert unknown["clusters"][0]["controller_version"] is None and len(unknown["rollouts"]) == 2
+    assert {x["rule"]["id"] for x in unknown["rollouts"]} == {"controller-unknown"}
+
+    other = "v1.10.2" if controller_version != "v1.10.2" else "v1.8.2"
+    t0 = time.time()
+    r = drills("scan", "--kubeconfig", kc, "-n", namespace, "-l", "team=payments", "--controller", other, "--json")
+    t1 = time.time()
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    (inv,) = out["clusters"]
+    assert (inv["controller_given"], inv["namespace"], inv["selector"]) == ([other], namespace, "team=payments")
+    (pay,) = out["rollouts"]
+    assert (pay["name"], pay["controller_version"], pay["predicted_peak_weight"], pay["exposed"]) == \
+        ("pay", other, 100, True)
+    assert pay["rule"]["id"] != "controller-unknown" and inv["rollouts"] == 1 and inv["exposed"] == 1
+    text = drills("scan", "--kubeconfig", kc, "-n", namespace, "--controller", f"{controller_version},{other}")
+    assert text.returncode == 0 and f"predicted on {controller_version}, {other} (--controller)" in text.stdout
+    assert f"namespace {namespace}" in text.stdout and "2 Rollouts" in text.stdout
+
+    every = json.loads(drills("scan", "--kubeconfig", kc, "-A", "-l", "team in (payments,shop)", "--json").stdout)
+    assert {x["name"] for x in every["rollouts"] if x["namespace"] == namespace} == {"pay", "cart"}
+    nowhere = json.loads(drills("scan", "--kubeconfig", kc, "-n", "drills-no-such-namespace", "--json").stdout)
+    assert nowhere["rollouts"] == [] and nowhere["clusters"][0]["error"] is None
+    both = drills("scan", "--kubeconfig", kc, "-n", namespace, "-A")
+    assert both.returncode == 2 and "give one" in both.stderr
+
+    want = f"/apis/argoproj.io/v1alpha1/namespaces/{namespace}/rollouts?labelSelector=team%3Dpayments"
+    seen = until("the scan's namespaced, selected list in the apiserver's audit log",
+                 lambda: _scan_requests(st["audit_log"], t0 - 1, t1 + 1),
+                 lambda got: ("list", want) in got, timeout=30, interval=0.5)
+    assert {v for v, _ in seen} <= {"list", "get"}

@@ -82,7 +82,8 @@ class LaneContext:
 
 
 def load_expectations(key: str, data_dir: Path | None = None) -> dict[str, dict]:
-    """version -> entry of fixtures/lanes/<key>/expectations.yaml (the one layout)."""
+    """version -> entry of fixtures/lanes/<key>/expectations.yaml (the one layout; ``data_dir``: the lane's own
+    data folder, for a lane a package registers)."""
     path = (data_dir or config.fixtures_dir() / "lanes" / key) / EXPECTATIONS
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -112,23 +113,23 @@ class Runbook:
         user_built = bool(ctx.options.get("user_built"))
         # a user-built controller is classified against a baseline (drills upgrade-check), never held to the
         # expectations of the release it is nearest to
-        entry = None if user_built else load_expectations(self.key).get(ctx.version)
+        entry = None if user_built else load_expectations(self.key, self.data_dir()).get(ctx.version)
         self.verified = bool(entry) and not entry.get("unverified")
         self.expectations: dict = (entry or {}) if self.verified else {}
         self.no_expectation = USER_BUILT if user_built else NO_EXPECTATION
 
-    # --- data ----------------------------------------------------------------------------------------
+    # --- data (a lane another package registers, through the drills.lanes entry point group, overrides both) ----
     @classmethod
     def data_dir(cls) -> Path:
         return config.fixtures_dir() / "lanes" / cls.key
 
     @classmethod
     def tests_dir(cls) -> Path:
-        return config.project_root() / "lanes" / cls.key
+        return config.lanes_dir() / cls.key
 
     @classmethod
     def expectation_versions(cls) -> dict[str, dict]:
-        return load_expectations(cls.key)
+        return load_expectations(cls.key, cls.data_dir())
 
     def data(self, name: str) -> dict:
         path = self.data_dir() / name

@@ -46,10 +46,18 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _live(args) -> bool:
+    """A live scan: a cluster named, or kubectl's -n/-A/-l (the current context, as kubectl reads it)."""
+    return bool(args.kubeconfig or args.context or args.all_contexts or getattr(args, "namespace", None)
+                or getattr(args, "all_namespaces", False) or getattr(args, "selector", None))
+
+
 def _check(args) -> None:
-    if not (args.inputs or args.fleet or args.kubeconfig or args.context or args.all_contexts):
+    if not (args.inputs or args.fleet or _live(args)):
         raise ScanInputError("nothing to scan: give manifests (files, folders or -), --fleet DIR, or a cluster "
-                             "(--kubeconfig/--context/--all-contexts)")
+                             "(--kubeconfig/--context/--all-contexts, -n/-A/-l)")
+    if getattr(args, "namespace", None) and getattr(args, "all_namespaces", False):
+        raise ScanInputError("-n/--namespace and -A/--all-namespaces: give one")
     if args.verify < 0:
         raise ScanInputError(f"--verify {args.verify}: K must be >= 0")
     if args.verify:
@@ -97,10 +105,13 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
     if len(versions) > 1:                      # manifests and renders: each Rollout on every version asked for
         specs = [dataclasses.replace(ro, controller_version=v) for ro in specs for v in versions]
     unreadable = []
-    if args.kubeconfig or args.context or args.all_contexts:
+    if _live(args):
         inventory = []
         for kc, ctx in contexts(args.kubeconfig, args.context, args.all_contexts):
-            inv = read_cluster(kc, ctx)
+            # --controller overrides the version the cluster shows
+            inv = read_cluster(kc, ctx, namespace=getattr(args, "namespace", None),
+                               selector=getattr(args, "selector", None),
+                               controllers=versions if args.controller else None)
             inventory.append(inv)
             if inv.error:
                 unreadable.append(f"context {ctx}: {inv.error}")

@@ -1,12 +1,16 @@
 """Rollouts of live clusters, read-only (list and get only: nothing is written).
 
 Contexts resolve as kubectl resolves them (``--kubeconfig``, else KUBECONFIG, else ~/.kube/config; the
-current context, ``--context``, or every context with ``--all-contexts``).  The controller version of a
+current context, ``--context``, or every context with ``--all-contexts``), the Rollouts of every namespace
+(``-A``, the default) or of one (``-n``), those a label selector matches (``-l``).  The controller version of a
 cluster is the image tag of its argo-rollouts controller Deployment (found by the labels the upstream
 manifests and Helm chart put on it, else by its image); a cluster without one is reported, not guessed.
+``--controller`` overrides it (a digest-pinned image, a controller outside the cluster): every Rollout read is
+predicted on the versions given, and the inventory says both.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -33,11 +37,15 @@ class ClusterInventory:
     exposed: int = 0
     error: str | None = None
     specs: list = field(default_factory=list)
+    controller_given: list[str] | None = None     # --controller: the versions predicted on instead
+    namespace: str | None = None                  # -n: the one namespace read (None: every namespace)
+    selector: str | None = None                   # -l: the label selector
 
     def as_dict(self) -> dict:
         return {"context": self.context, "controller_version": self.controller_version,
                 "controller": self.controller, "rollouts": self.rollouts, "exposed": self.exposed,
-                "error": self.error}
+                "error": self.error, "controller_given": self.controller_given, "namespace": self.namespace,
+                "selector": self.selector}
 
 
 def contexts(kubeconfig: str | None, context: str | None, all_contexts: bool) -> list[tuple[str, str]]:
@@ -80,26 +88,38 @@ def controller_of(apps_api) -> tuple[str | None, str | None]:
     return None, None
 
 
-def read_cluster(kubeconfig: str, context: str) -> ClusterInventory:
+def read_cluster(kubeconfig: str, context: str, namespace: str | None = None, selector: str | None = None,
+                 controllers: list[str] | None = None) -> ClusterInventory:
     """One cluster's inventory (list and get only); a cluster that cannot be read is an inventory with its
-    error, so the other contexts are still read."""
+    error, so the other contexts are still read.  ``namespace``: only that namespace's Rollouts; ``selector``: a
+    label selector; ``controllers``: the versions to predict on instead of the one the cluster shows (its
+    Deployments need not be readable then)."""
+    scope = dict(controller_given=controllers, namespace=namespace, selector=selector)
     try:
         kube.resolve_kubeconfig(kubeconfig, context)
         api = kube.new_client(kubeconfig, context, agent=USER_AGENT)
     except BadInput as e:
-        return ClusterInventory(context, None, None, error=str(e))
+        return ClusterInventory(context, None, None, error=str(e), **scope)
+    version = where = None
     try:
         version, where = controller_of(client.AppsV1Api(api))
-        items = client.CustomObjectsApi(api).list_cluster_custom_object(
-            "argoproj.io", "v1alpha1", "rollouts").get("items") or []
+    except Exception as e:
+        if not controllers:                      # without --controller the version is what the scan needs
+            return ClusterInventory(context, None, None, **scope,
+                                    error=kube.describe(e, kube.server_of(api), "finding the rollouts controller"))
+    try:
+        co, sel = client.CustomObjectsApi(api), ({"label_selector": selector} if selector else {})
+        items = (co.list_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", **sel)
+                 if namespace else co.list_cluster_custom_object("argoproj.io", "v1alpha1", "rollouts", **sel))
     except Exception as e:                       # refused, forbidden, TLS, a silent server: said in one line
-        return ClusterInventory(context, None, None, error=kube.describe(e, kube.server_of(api), "listing Rollouts"))
-    inv = ClusterInventory(context, version, where)
-    for obj in items:
+        return ClusterInventory(context, None, None, **scope,
+                                error=kube.describe(e, kube.server_of(api), "listing Rollouts"))
+    inv = ClusterInventory(context, version, where, **scope)
+    for obj in items.get("items") or []:
         md = obj.get("metadata") or {}
         ro = from_object(obj, f"cluster:{context}/{md.get('namespace')}/{md.get('name')}")
-        ro.controller_version = version or ""
         ro.origin = {"cluster": context, "controller": where}
-        inv.specs.append(ro)
-    inv.rollouts = len(inv.specs)
+        for v in controllers or [version or ""]:
+            inv.specs.append(dataclasses.replace(ro, controller_version=v, origin=dict(ro.origin)))
+    inv.rollouts = len(items.get("items") or [])
     return inv

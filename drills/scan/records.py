@@ -163,8 +163,12 @@ def table(records: list[Record], inventory: list | None = None, verification: li
         out.append("clusters:")
         for inv in inventory:
             d = inv.as_dict()
+            given = d.get("controller_given")
             out.append(f"  {d['context']}: controller {d['controller_version'] or 'not found'}"
-                       f"{' (' + d['controller'] + ')' if d['controller'] else ''}, {d['rollouts']} Rollouts, "
+                       f"{' (' + d['controller'] + ')' if d['controller'] else ''}"
+                       + (f", predicted on {', '.join(given)} (--controller)" if given else "")
+                       + (f", namespace {d['namespace']}" if d.get("namespace") else "")
+                       + (f", selector {d['selector']}" if d.get("selector") else "") + f", {d['rollouts']} Rollouts, "
                        f"{d['exposed']} exposed" + (f", ERROR {d['error']}" if d["error"] else ""))
     if verification:
         out.append("")

@@ -1,0 +1,123 @@
+"""kubectl's habits on the command line: `drills version` / `--version`, `-o json|yaml` wherever there is `--json`,
+`-n/--namespace` wherever a command takes a namespace, run folders in ./reports of the working directory (or
+DRILLS_REPORTS, or `--reports-dir`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from drills import __version__, config
+from drills.cli import build_parser
+from drills.procs import die_with_parent
+
+ROOT = config.project_root()
+
+
+def drills(*args, cwd=None, env=None, timeout=120):
+    base = {k: v for k, v in os.environ.items() if k != "DRILLS_REPORTS"}
+    return subprocess.run([sys.executable, "-m", "drills", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=str(cwd or ROOT), stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
+                          env={**base, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def subcommands(parser: argparse.ArgumentParser, path=()):
+    """(name path, parser) of every subcommand, nested ones included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name), sub
+                yield from subcommands(sub, (*path, name))
+
+
+def options(parser) -> dict[str, argparse.Action]:
+    return {o: a for a in parser._actions for o in a.option_strings}
+
+
+def head() -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30,
+                          preexec_fn=die_with_parent).stdout.strip()
+
+
+def test_version_says_the_package_the_commit_and_the_components():
+    r = drills("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"drills {__version__}, commit {head()[:12]} (this checkout)")
+    r = drills("version", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    v = json.loads(r.stdout)
+    assert (v["drills"], v["commit"], v["commit_from"], v["checkout"]) == (__version__, head(), "checkout", str(ROOT))
+    assert v["components"] == {"kubernetes": config.KUBERNETES_VERSION, "kwok": config.KWOK_VERSION,
+                               "etcd": config.ETCD_VERSION, "helm": config.HELM_VERSION,
+                               "istio-api": config.ISTIO_API_VERSION, "registry": config.REGISTRY_VERSION,
+                               "prometheus": config.PROMETHEUS_VERSION}
+    assert v["controllers"]["supported"] == list(config.SUPPORTED_CONTROLLERS)
+    go = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, timeout=60, cwd="/",
+                        env=dict(os.environ, GOTOOLCHAIN="local"), preexec_fn=die_with_parent).stdout.strip()
+    assert v["go"] == go and v["go_needed"] == ">= 1.26"
+    assert yaml.safe_load(drills("version", "-o", "yaml").stdout) == v == json.loads(drills("version", "--json").stdout)
+
+
+def test_every_command_with_json_takes_o_json_or_yaml_and_every_namespace_takes_n():
+    found = 0
+    for path, sub in subcommands(build_parser()):
+        opts = options(sub)
+        if "--json" in opts:
+            found += 1
+            assert {"-o", "--output"} <= set(opts) and list(opts["-o"].choices) == ["json", "yaml"], path
+        if "--namespace" in opts:
+            assert "-n" in opts and opts["-n"] is opts["--namespace"], path
+    assert found >= 8
+    args = build_parser().parse_args(["run", "-n", "payments", "--rollout", "checkout"])
+    assert (args.namespace, args.rollout) == ("payments", "checkout")
+    scan = build_parser().parse_args(["scan", "-A", "-l", "team=payments", "--context", "c"])
+    assert scan.all_namespaces and scan.selector == "team=payments"
+
+
+@pytest.mark.parametrize("args", [["lanes"], ["run", "--plan", "--controller", "v1.8.2,v1.10.2", "--lanes", "all"],
+                                  ["toolchain", "list"]])
+def test_o_yaml_is_the_json_document(args):
+    as_json, as_o_json, as_yaml = drills(*args, "--json"), drills(*args, "-o", "json"), drills(*args, "-o", "yaml")
+    assert as_json.returncode == as_o_json.returncode == as_yaml.returncode == 0, as_yaml.stderr
+    assert json.loads(as_json.stdout) == json.loads(as_o_json.stdout) == yaml.safe_load(as_yaml.stdout)
+    assert not as_yaml.stdout.lstrip().startswith(("{", "["))
+
+
+def test_run_takes_n_for_its_namespace(tmp_path):
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "stage",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "contexts": [{"name": "stage", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    r = drills("run", "-n", "payments", "--rollout", "checkout", "--kubeconfig", kc, "--context", "stage",
+               "--dry-run", env={"DRILLS_CONFIG": str(tmp_path / "config.yaml")})
+    # the live gate's refusal (exit 2, one line), not a usage error
+    assert r.returncode == 2 and "unrecognized arguments" not in r.stderr, r.stderr
+    assert "context 'stage' is not allowlisted" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_run_folders_go_to_reports_of_the_working_directory_or_where_told(tmp_path):
+    here = tmp_path / "here"
+    here.mkdir()
+    r = drills("report", cwd=here)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(here / "reports" / "matrix.html"), str(here / "reports" / "matrix.md")]
+    for args in (["--reports-dir", tmp_path / "one", "report"], ["report", "--reports-dir", tmp_path / "two"]):
+        r = drills(*args, cwd=here)
+        assert r.returncode == 0, r.stderr
+        where = Path(args[1] if args[0] == "--reports-dir" else args[2])
+        assert (where / "matrix.html").is_file()
+    r = drills("report", cwd=here, env={"DRILLS_REPORTS": str(tmp_path / "env")})
+    assert r.returncode == 0 and (tmp_path / "env" / "matrix.md").is_file()
+    (tmp_path / "file").write_text("")
+    r = drills("--reports-dir", tmp_path / "file", "report", cwd=here)
+    assert r.returncode == 2 and "not a folder" in r.stderr
+    v = json.loads(drills("version", "-o", "json", cwd=here).stdout)
+    assert v["reports"] == str(here / "reports") and v["data"] == str(ROOT / "fixtures")

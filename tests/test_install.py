@@ -1,0 +1,198 @@
+"""drills as a new user gets it: the wheel built from this checkout, installed (not editable) into a fresh venv at
+the versions of constraints.txt (from PyPI: a venv that saw this machine's packages would also see the editable
+install of another checkout), and run from an empty folder, where everything it writes goes; a pytest session of
+another project in that venv, with and without the plugin asked for; the `test` extra enough to collect every test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from drills import config
+from drills.procs import die_with_parent
+from drills.toolchain import Toolchain, components_for
+
+ROOT = config.project_root()
+INSTALL_TIMEOUT_S = 1800
+
+
+def run(args, cwd, env=None, timeout=600, check=True) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(a) for a in args], cwd=str(cwd), env=env or os.environ.copy(), capture_output=True,
+                       text=True, timeout=timeout, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+    if check:
+        assert r.returncode == 0, f"{' '.join(map(str, args))} exited {r.returncode}\n{r.stdout[-2000:]}\n" \
+                                  f"{r.stderr[-3000:]}"
+    return r
+
+
+def checkout_files() -> list[str]:
+    """The checkout's files as a build sees them: tracked and untracked, not ignored, present."""
+    out = run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], ROOT).stdout
+    return [f for f in out.split("\0") if f and (ROOT / f).is_file()]
+
+
+def clean_env(**extra) -> dict:
+    """The environment of a user's shell: nothing pointing at this checkout, reports where they are run."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DRILLS_REPORTS", "VIRTUAL_ENV")
+           and not k.startswith("PYTEST_")}
+    return {**env, **extra}
+
+
+@pytest.fixture(scope="module")
+def pypi(tmp_path_factory) -> None:
+    """PyPI answers (the build's setuptools and the venv's dependencies come from it)."""
+    pin = next(line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.startswith("six=="))
+    r = run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps", "--dest",
+             tmp_path_factory.mktemp("probe"), pin], ROOT, clean_env(), timeout=300, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"PyPI unreachable: {' '.join(r.stderr.split())[-300:]}")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A copy of the checkout (a build never writes into the one the tests run from)."""
+    if config.checkout_root() is None or shutil.which("git") is None:
+        pytest.skip("not a git checkout: there is no source tree to build a wheel from")
+    src = tmp_path_factory.mktemp("src")
+    for rel in checkout_files():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, src / rel)
+    return src
+
+
+@pytest.fixture(scope="module")
+def wheel(pypi, source, tmp_path_factory) -> Path:
+    dist = tmp_path_factory.mktemp("dist")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-w", dist, source],
+        source, clean_env(), timeout=INSTALL_TIMEOUT_S)
+    (whl,) = dist.glob("drills-*.whl")
+    return whl
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory) -> Path:
+    v = tmp_path_factory.mktemp("venv")
+    run([sys.executable, "-m", "venv", v], v, clean_env())
+    run([v / "bin" / "pip", "install", "--disable-pip-version-check", "-c", ROOT / "constraints.txt", wheel],
+        v, clean_env(), timeout=INSTALL_TIMEOUT_S)
+    run([v / "bin" / "pip", "check"], v, clean_env())          # every declared dependency is there, consistent
+    return v
+
+
+def site_packages(venv: Path) -> Path:
+    (site,) = (venv / "lib").glob("python3.*/site-packages")
+    return site
+
+
+def package_files(venv: Path) -> set[str]:
+    pkg = site_packages(venv) / "drills"
+    return {str(p.relative_to(pkg)) for p in pkg.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_the_wheel_carries_the_built_in_data_and_no_pytest_entry_point(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    data = [f for f in checkout_files() if f.split("/")[0] in ("fixtures", "lanes")]
+    assert data and {f"drills/_data/{f}" for f in data} <= names
+    assert {"drills/templates/page.html.j2", "drills/_data/build.json", "drills/_data/lanes/conftest.py"} <= names
+    (eps,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(eps).decode()
+    assert "pytest11" not in text and "drills = drills.cli:main" in text
+
+
+def test_installed_drills_works_from_an_empty_folder_and_writes_only_there(venv, tmp_path):
+    bin_ = venv / "bin"
+    work = tmp_path / "empty"
+    work.mkdir()
+    cluster = f"{os.environ.get('DRILLS_CLUSTER') or config.EMBEDDED_CLUSTER_NAME}-wheel"
+    env = clean_env(DRILLS_CLUSTER=cluster, DRILLS_CONFIG=str(tmp_path / "config.yaml"))
+    before = package_files(venv)
+    site = site_packages(venv)
+
+    version = json.loads(run([bin_ / "drills", "version", "-o", "json"], work, env).stdout)
+    assert version["checkout"] is None and Path(version["data"]).is_relative_to(site)
+    assert version["reports"] == str(work / "reports")
+
+    lanes = json.loads(run([bin_ / "drills", "lanes", "--json"], work, env).stdout)
+    assert [x["key"] for x in lanes] == ["a", "b", "abort", "order", "escape", "scan"]
+    for lane in lanes:
+        assert lane["versions"], lane            # expectations found: "versions none" was the bug
+        assert Path(lane["data"]).is_relative_to(site) and Path(lane["tests"]).is_dir()
+
+    fleet = Path(version["data"]) / "fleet"
+    scan = json.loads(run([bin_ / "drills", "scan", "--fleet", fleet, "--json"], work, env).stdout)
+    assert len(scan["rollouts"]) == 10 and scan["summary"]["exposed"] == 4
+    assert {r["origin"]["base_chart"] for r in scan["rollouts"]} == {"3.0.13"}
+    for given in ([], ["fixtures/fleet"]):         # --fleet alone, and the README's fixtures/fleet: the built-in one
+        same = json.loads(run([bin_ / "drills", "scan", "--fleet", *given, "--json"], work, env).stdout)
+        assert [r["source"] for r in same["rollouts"]] == [r["source"] for r in scan["rollouts"]]
+
+    Toolchain().ensure(components_for([config.DEFAULT_CONTROLLER]))      # built, or waited for
+    try:
+        r = run([bin_ / "drills", "probe", "--steps", "5,100", "--replicas", "2", "--hold", "2", "--json"], work, env,
+                timeout=900)
+    finally:
+        run([bin_ / "drills", "cluster", "down"], work, env, timeout=300, check=False)
+    probe = json.loads(r.stdout)
+    assert probe["peak_canary_weight_while_partial"] == 100 and probe["complete"]
+    assert Path(probe["timeline"]).is_relative_to(work / "reports" / "probes") and Path(probe["timeline"]).is_file()
+    assert package_files(venv) == before             # nothing written into the installed package
+
+
+def test_pytest_in_another_project_sees_no_drills_unless_it_asks(venv, tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "test_trivial.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    py, env = venv / "bin" / "python", clean_env()
+    plain_help = run([py, "-m", "pytest", "--help"], project, env).stdout
+    plain_fixtures = run([py, "-m", "pytest", "--fixtures"], project, env).stdout
+    assert "drills" not in plain_help.lower() and "drills" not in plain_fixtures
+    assert run([py, "-m", "pytest", "-q"], project, env).stdout.splitlines()[-1].startswith("1 passed")
+    asked_help = run([py, "-m", "pytest", "-p", "drills", "--help"], project, env).stdout
+    asked_fixtures = run([py, "-m", "pytest", "-p", "drills", "--fixtures"], project, env).stdout
+    options = [w.split("=")[0] for w in asked_help.split() if w.startswith("--drills")]
+    assert {"--drills-controller", "--drills-source", "--drills-crds", "--drills-keep-cluster"} <= set(options)
+    assert "--controller" not in asked_help.split() and "--crds" not in asked_help.split()
+    fixtures = {line.split()[0] for line in asked_fixtures.splitlines() if "drills/pytest_plugin.py" in line}
+    assert fixtures >= {"drills_cluster", "drills_kube", "drills_namespace", "drills_ledger", "drills_lane"}
+    assert all(name.startswith("drills_") for name in fixtures), fixtures
+    assert "drills_controller_version" in fixtures
+    long_name = run([py, "-m", "pytest", "-p", "drills.pytest_plugin", "--help"], project, env).stdout
+    assert "--drills-controller" in long_name
+    assert run([py, "-m", "pytest", "-q", "-p", "drills"], project, env).stdout.splitlines()[-1].startswith("1 passed")
+
+
+def test_the_test_extra_collects_every_test(venv, source):
+    py = venv / "bin" / "python"
+    run([venv / "bin" / "pip", "install", "--disable-pip-version-check", "-c", ROOT / "constraints.txt",
+         f"{source}[test]"], source, clean_env(), timeout=INSTALL_TIMEOUT_S)
+    cmd = ["-m", "pytest", "-p", "no:locust", "--collect-only", "-q", "tests", "lanes"]
+    theirs = run([py, *cmd], source, clean_env()).stdout
+    ours = run([sys.executable, *cmd], source, clean_env(PYTHONPATH=str(source))).stdout
+    ids = lambda out: [line for line in out.splitlines() if "::" in line]  # noqa: E731
+    assert ids(theirs) == ids(ours) and len(ids(theirs)) > 400          # (a collection error exits 2: run fails)
+
+
+def test_the_readme_example_suite_runs_on_the_embedded_cluster(venv, tmp_path):
+    """The README's "Using the fixtures in your own suite" example, as a user's project runs it."""
+    readme = (ROOT / "README.md").read_text()
+    example = readme.split("```python\n# test_my_canary.py", 1)[1].split("```", 1)[0]
+    project = tmp_path / "theirs"
+    project.mkdir()
+    (project / "test_my_canary.py").write_text("# test_my_canary.py" + example)
+    Toolchain().ensure(components_for([config.DEFAULT_CONTROLLER]))      # built, or waited for
+    cluster = f"{os.environ.get('DRILLS_CLUSTER') or config.EMBEDDED_CLUSTER_NAME}-suite"
+    env = clean_env(DRILLS_CLUSTER=cluster)
+    try:
+        r = run([venv / "bin" / "python", "-m", "pytest", "-q", "-p", "drills", "--drills-controller",
+                 config.DEFAULT_CONTROLLER], project, env, timeout=900, check=False)
+    finally:
+        run([venv / "bin" / "drills", "cluster", "down"], project, env, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.stdout.splitlines()[-1].startswith("1 passed")
