@@ -28,11 +28,10 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import config, kube
+from . import config, inputs, kube
 from .cluster.namespaces import OPT_IN_VALUE as NAMESPACE_LABEL_VALUE
 from .errors import BadInput, Refused
 from .podtemplate import app_container_name
@@ -55,15 +54,13 @@ def allowed_contexts(config_file: Path | None = None) -> set[str]:
     """The allowlisted contexts of the config file; Refused when the file is not what it must be."""
     path = Path(config_file or config.user_config_file())
     try:
-        data = yaml.safe_load(path.read_text())
+        data = inputs.load_yaml_file(path, what="config file")
     except FileNotFoundError:
         return set()
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise Refused(f"{path}: cannot read it: {e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise Refused(f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    except BadInput as e:                  # not UTF-8, not YAML, over the size, depth or alias budget
+        raise Refused(str(e)) from None
     if data is None:
         return set()
     if not isinstance(data, dict):

@@ -141,7 +141,7 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
                                          keep_cluster=args.keep_cluster, meta=meta, log=log)
     if run_code == EXIT_BAD_INPUT:
         return EXIT_BAD_INPUT, run_dir, [], sides
-    run_doc = json.loads((run_dir / "run.json").read_text())
+    run_doc = legs.read_run_meta(run_dir)
     leg_rows = {x["id"]: x for x in run_doc.get("legs", [])}
     # a leg that ended without any row of its own (its cluster or pytest could not run) leaves its side unknown
     inconclusive = 0

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from .. import inputs
+from ..errors import BadInput
 from ..fleet import BASE, Fleet, Workspace, base_dependency, load_values_file
 from ..helm import ChartInputError, Helm, HelmError
 from .model import ScanInputError
@@ -25,7 +27,6 @@ from .readers import ReadResult, display_path, rollouts_of
 from .yamlstream import objects
 
 STEPS_KEYS = ["rollout", "canary", "steps"]
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class Progress:
@@ -72,9 +73,10 @@ class _ValuesIndex:
     def _node(self, path: Path):
         key = str(path)
         if key not in self.nodes:
-            try:
-                self.nodes[key] = yaml.compose(path.read_text(), Loader=_LOADER)
-            except (OSError, yaml.YAMLError):
+            try:           # read under the input budget (the layers were checked already)
+                docs = inputs.compose_all(inputs.read_text(path, inputs.FILE_BYTES, "values file"), path)
+                self.nodes[key] = docs[0] if docs else None
+            except (OSError, BadInput):
                 self.nodes[key] = None
         return self.nodes[key]
 
@@ -82,11 +84,11 @@ class _ValuesIndex:
         key = (str(path), tuple(prefix))
         with self.lock:
             if key not in self.cache:
-                self.cache[key] = self._find(self._node(path), prefix)
+                self.cache[key] = self._find(self._node(path), prefix, path)
             return self.cache[key]
 
     @staticmethod
-    def _find(node, prefix: list[str]):
+    def _find(node, prefix: list[str], path=None):
         key_node = None
         for k in prefix + STEPS_KEYS:
             nxt = None
@@ -99,7 +101,10 @@ class _ValuesIndex:
             key_node, node = nxt
         if not isinstance(node, yaml.SequenceNode):
             return [], [], key_node.start_mark.line + 1
-        value = yaml.load(yaml.serialize(node), Loader=_LOADER)
+        try:
+            value = inputs.construct(node, path)
+        except BadInput:
+            return None
         return (value if isinstance(value, list) else [], [n.start_mark.line + 1 for n in node.value],
                 key_node.start_mark.line + 1)
 
