@@ -12,7 +12,7 @@ import sys
 
 from . import commands, config, lanes, legs, probe, runner
 from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
-from .signals import Interrupted
+from .signals import Interrupted, SignalGuard
 
 
 # --- the parser -------------------------------------------------------------------------------------
@@ -221,12 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return EXIT_BAD_INPUT if e.code not in (0, None) else EXIT_OK
     try:
-        return args.func(args)
+        with SignalGuard():     # SIGINT and SIGTERM end every command the same way, whatever it inherited
+            return args.func(args)
     except BadInput as e:
         commands.err(str(e))
         return EXIT_BAD_INPUT
     except (KeyboardInterrupt, Interrupted) as e:
-        commands.err(f"interrupted ({e})" if str(e) else "interrupted")
+        text = str(e)
+        commands.err(text if text.startswith("interrupted") else f"interrupted ({text})" if text else "interrupted")
         return EXIT_INCONCLUSIVE
     except Exception as e:   # a failure nobody anticipated: one line, the traceback on request
         if os.environ.get("DRILLS_DEBUG"):

@@ -134,7 +134,7 @@ HOSTILE = {"laughs": (laughs_document(), "aliases expand to more than"),
 
 
 @pytest.mark.parametrize("kind", list(HOSTILE))
-def test_the_config_file_holds_to_the_budget(tmp_path, kind):
+def test_config_file_and_kubeconfigs_hold_to_the_budget(tmp_path, kind):
     text, needle = HOSTILE[kind]
     hostile = tmp_path / "hostile.yaml"
     hostile.write_text(text)
@@ -143,6 +143,10 @@ def test_the_config_file_holds_to_the_budget(tmp_path, kind):
     # the config file (the allowlist)
     refused(drills(*live, "--kubeconfig", kc, tmp=tmp_path, env={"DRILLS_CONFIG": str(hostile)}), "hostile.yaml",
             needle)
+    # a kubeconfig given with --kubeconfig, and one file of a KUBECONFIG list
+    refused(drills(*live, "--kubeconfig", hostile, tmp=tmp_path), "hostile.yaml", needle)
+    refused(drills("scan", "--context", "stage", tmp=tmp_path, env={"KUBECONFIG": f"{kc}{os.pathsep}{hostile}"}),
+            "hostile.yaml", needle)
 
 
 @pytest.mark.parametrize("kind", list(HOSTILE))
@@ -189,6 +193,7 @@ def test_files_past_the_size_budget_are_refused_unread(tmp_path):
     with open(big, "wb") as f:
         f.write(b"# padding\n")
         f.truncate(inputs.FILE_BYTES + 1)          # sparse: nothing of it is written, nothing of it is needed
+    refused(drills("scan", "--kubeconfig", big, tmp=tmp_path), "big-kubeconfig.yaml", "larger than 16 MiB")
     refused(drills("run", "--kubeconfig", _kubeconfig(tmp_path / "kc.yaml"), "--context", "stage", "--namespace",
                    "n", "--rollout", "r", "--dry-run", tmp=tmp_path, env={"DRILLS_CONFIG": str(big)}),
             "big-kubeconfig.yaml", "larger than")

@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass, field
 
 from kubernetes import client
-from kubernetes import config as kconfig
 
 from .. import __version__, config, kube
 from ..errors import BadInput
+from ..kubeconfig import contexts as kubeconfig_contexts
 from .model import ScanInputError, from_object
 
 USER_AGENT = f"drills-scan/{__version__}"     # the scan's requests are told apart in the apiserver's audit log
@@ -44,14 +44,9 @@ def contexts(kubeconfig: str | None, context: str | None, all_contexts: bool) ->
     """(kubeconfig file, context) pairs to read, resolved as kubectl resolves them (drills.kube)."""
     if not all_contexts:
         return [kube.resolve_kubeconfig(kubeconfig, context)]
-    try:
-        ctxs, _ = kconfig.list_kube_config_contexts(config_file=kubeconfig)
-    except Exception as e:                       # the loader raises many kinds for a malformed file
-        raise ScanInputError(f"kubeconfig: {' '.join(str(e).split())[:300]}", kubeconfig) from None
-    names = [c["name"] for c in ctxs or []]
+    kc, names = kubeconfig_contexts(kubeconfig)
     if not names:
-        raise ScanInputError("kubeconfig has no contexts", kubeconfig)
-    kc, _ = kube.resolve_kubeconfig(kubeconfig, names[0])
+        raise ScanInputError("kubeconfig has no contexts", kc)
     return [(kc, name) for name in names]
 
 
