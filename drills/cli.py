@@ -36,18 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=argparse.RawDescriptionHelpFormatter,
                         description="A run is a list of legs, one per (controller version, lane, variant).")
     rn.add_argument("--controller", default=None, help=f"version(s), comma-separated, or 'all' ({versions}); "
-                                                       f"default {config.DEFAULT_CONTROLLER}")
+                                                       f"default {config.DEFAULT_CONTROLLER}; in live mode the live "
+                                                       f"controller's version (default: its image tag)")
     rn.add_argument("--lanes", default=None, help=f"{','.join(lanes.REGISTRY)} or all (default "
                                                   f"{','.join(lanes.DEFAULT_LANES)})")
-    rn.add_argument("--variant", choices=legs.VARIANT_MODES, default="stage",
-                    help="lane A fixture: the seed's stage shape, the prod-shaped one, or both")
-    rn.add_argument("--availability-control", choices=["on", "off"], default="on")
+    rn.add_argument("--variant", choices=legs.VARIANT_MODES, default=None,
+                    help="lane A fixture: the seed's stage shape (default), the prod-shaped one, or both")
+    rn.add_argument("--availability-control", choices=["on", "off"], default=None, help="default on")
     rn.add_argument("--rollback-via", choices=["gitops", "undo"], default="gitops")
     rn.add_argument("-j", "--jobs", type=int, default=None,
                     help="legs at a time (default: what the machine holds: 3 per core, at most one per "
                          f"{runner.MEM_PER_LEG_GIB:g} GiB of available memory, at most the number of legs; here "
                          f"{runner.default_jobs()})")
-    rn.add_argument("--plan", action="store_true", help="print the legs the run would execute and start nothing")
+    rn.add_argument("--plan", action="store_true", help="print the legs the run would execute and start nothing "
+                                                        "(in live mode: what it would do; no connection is opened)")
     rn.add_argument("--json", action="store_true", help="with --plan: JSON")
     rn.add_argument("--shard", default=None, help="I/N: run shard I of N (legs balanced by measured durations)")
     rn.add_argument("--durations", default=None,

@@ -22,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from . import config, kube
+from .kubeconfig import server_of
 from .errors import BadInput, Refused
 from .kit import DrillRollout
 from .lanes.a_live import LiveLaneA
@@ -75,13 +76,13 @@ def check_inputs(args) -> LiveTarget:
     if not (args.namespace and args.rollout):
         raise BadInput("live mode needs --namespace and --rollout (and --kubeconfig/--context as kubectl takes them)")
     url = getattr(args, "service_url", None)
+    kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
     if url:
-        from .load import LoadRefused, check_target
+        from .load import LoadRefused, check_live_target
         try:
-            check_target(url, target="live")
+            check_live_target(url, api_server=server_of(kc, ctx))
         except LoadRefused as e:
             raise BadInput(f"--service-url: {e}") from None
-    kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
     check_context(ctx, embedded=False, allow=args.allow_context)
     return LiveTarget(kc, ctx, args.namespace, args.rollout, getattr(args, "container", None), url)
 
@@ -199,14 +200,20 @@ def run_live_b(args, duration: float, log=None) -> int:
     """Lane B live: the next deploy of the named Rollout, watched read-only (the gate: allowlist, opt-in label)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     target = check_inputs(args)
-    api = kube.new_client(target.kubeconfig, target.context)
-    try:
-        check_namespace(api, target.namespace)
-        Rollouts(api, target.namespace).get(target.rollout)
-        version = controller_image_version(api)
+    api = None
+    try:                # one deadline for the whole preflight (the credentials included), retries inside it
+        with kube.deadline(kube.read_timeout(), "live preflight"):
+            api = kube.new_client(target.kubeconfig, target.context)
+            check_namespace(api, target.namespace)
+            Rollouts(api, target.namespace).get(target.rollout)
+            version = args.controller or controller_image_version(api)
     except ApiException as e:
         if e.status == 404:
             raise Refused(f"rollout {target.namespace}/{target.rollout} does not exist") from None
+        raise kube.unreachable(e, api, "live preflight") from None
+    except (BadInput, Interrupted):
+        raise
+    except Exception as e:   # a failure of the read-only preflight: nothing was mutated
         raise kube.unreachable(e, api, "live preflight") from None
     if args.dry_run:
         print(f"dry-run: would watch {target.namespace}/{target.rollout} read-only for up to {duration:.0f}s; "
@@ -231,10 +238,12 @@ def run_live_b(args, duration: float, log=None) -> int:
 def run_live(args, log=None) -> int:
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     target = check_inputs(args)
-    api = kube.new_client(target.kubeconfig, target.context)
-    try:
-        pre = preflight(api, target, args.sync_paused)
-        version = controller_image_version(api)
+    api = None
+    try:                # one deadline for the whole preflight (the credentials included), retries inside it
+        with kube.deadline(kube.read_timeout(), "live preflight"):
+            api = kube.new_client(target.kubeconfig, target.context)
+            pre = preflight(api, target, args.sync_paused)
+            version = args.controller or controller_image_version(api)
     except (BadInput, Interrupted):
         raise
     except Exception as e:   # a failure of the read-only preflight: nothing was mutated

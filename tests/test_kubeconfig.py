@@ -223,6 +223,7 @@ def test_a_failing_exec_plugin_is_exit_2_and_no_request_goes_out_without_credent
         r = drills(*args, tmp=tmp_path)
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     assert srv.requests == []
+    assert not (tmp_path / "w.jsonl").exists()
 
 
 def test_an_exec_plugin_that_answers_is_used_for_every_request(tmp_path, list_server):
