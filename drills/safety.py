@@ -436,9 +436,15 @@ def restore_journal(path: Path, allow: list[str] | None = None, log=None) -> boo
     if not kc or not ctx:
         raise JournalError(f"journal {j.path}: names no kubeconfig/context to restore on")
     check_context(ctx, embedded=False, allow=allow)
-    api = kube.new_client(kc, ctx)
-    for ns in sorted({k.split("/", 1)[0] for k in j.data["rollouts"]}):
-        check_namespace(api, ns)
+    try:        # the read-only preflight: one deadline; a signal here leaves the journal as it was, and says so
+        with SignalGuard(), kube.deadline(kube.read_timeout(), "restore preflight"):
+            api = kube.new_client(kc, ctx)
+            for ns in sorted({k.split("/", 1)[0] for k in j.data["rollouts"]}):
+                check_namespace(api, ns)
+    except Interrupted as e:
+        raise Interrupted(e.signum, f"{e} during the restore's preflight: nothing was sent and the journal {j.path} "
+                                    f"is untouched (state {j.state}); finish it with: drills restore --journal "
+                                    f"{j.path}") from None
     with SignalGuard() as guard:
         try:
             return restore_with_guard(j, api, log=log, guard=guard)

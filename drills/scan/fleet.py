@@ -205,8 +205,7 @@ class FleetScan:
                                          display_path(self.fleet.root / chart.relative_to(work))) from None
                 chart_digest[chart] = _digest_tree(chart)
                 prog.step()
-            with ThreadPoolExecutor(self.workers) as pool:
-                list(pool.map(vendor, charts))
+            self._each(vendor, charts)
             keys = {}
             for a in apps:
                 h = hashlib.sha256(chart_digest[ws.chart_dir(a)].encode())
@@ -227,13 +226,23 @@ class FleetScan:
                     raise ScanInputError(f"helm template of app {a.name} ({a.env}) failed: {e}",
                                          display_path(a.source)) from None
                 prog.step(sum(1 for b in apps if keys[b] == key))
-            with ThreadPoolExecutor(self.workers) as pool:
-                list(pool.map(render, list(unique)))
+            self._each(render, list(unique))
             parsed = {k: objects(t, f"render of {unique[k].name}") for k, t in rendered.items()}
             for a in apps:
                 self._collect(ws, a, values[a], parsed[keys[a]], res)
             self.stats.update(apps=len(apps), renders=len(apps), unique_renders=len(unique), charts=len(charts))
         return res
+
+    def _each(self, fn, items: list) -> None:
+        """``fn`` over ``items`` in the worker threads; a signal (or an error) cancels what has not started, so the
+        command ends when the renders under way end, not after every queued one."""
+        pool = ThreadPoolExecutor(self.workers)
+        try:
+            list(pool.map(fn, items))
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
 
     def _collect(self, ws: Workspace, a, value_paths: list[Path], objs, res: ReadResult) -> None:
         label = f"fleet:{a.env}/{a.name}"
