@@ -300,6 +300,8 @@ def _probe_spec(args) -> RolloutSpec:
     if args.rollback_timeout is not None and not (math.isfinite(args.rollback_timeout) and
                                                   0 < args.rollback_timeout <= 24 * 3600):
         raise BadInput(f"--rollback-timeout {args.rollback_timeout}: give seconds in (0, 86400]")
+    if args.expect is not None and not 0 <= args.expect <= 100:
+        raise BadInput(f"--expect {args.expect}: a canary weight is 0..100")
     return RolloutSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
                        hold_seconds=args.hold, availability_control=args.availability_control == "on",
                        rollback_via=args.rollback_via, scale_down_delay=args.scale_down_delay)

@@ -57,6 +57,9 @@ from .watchdog import Watchdog, api_answers, no_other_writer
 ARGOCD_TRACKING_ANNOTATIONS = ("argocd.argoproj.io/tracking-id",)
 # Argo CD tracks resources by a label; app.kubernetes.io/instance is its default tracking label
 ARGOCD_TRACKING_LABELS = ("app.kubernetes.io/instance", "argocd.argoproj.io/instance")
+# Flux's kustomize-controller and helm-controller label what they apply (and reconcile it back, as self-heal does)
+FLUX_TRACKING_LABELS = ("kustomize.toolkit.fluxcd.io/name", "kustomize.toolkit.fluxcd.io/namespace",
+                        "helm.toolkit.fluxcd.io/name", "helm.toolkit.fluxcd.io/namespace")
 
 LiveRefused = Refused      # the name the command line used first
 
@@ -104,28 +107,45 @@ def controller_image_version(api) -> str:
 
 
 def argocd_tracking(ro: dict) -> str | None:
+    """How a GitOps controller (Argo CD or Flux) tracks the Rollout, or None."""
+    found = gitops_tracking(ro)
+    return found[1] if found else None
+
+
+def gitops_tracking(ro: dict) -> tuple[str, str] | None:
+    """(the GitOps controller, how it tracks the Rollout) or None: Argo CD's tracking annotation or labels, Flux's
+    kustomize or helm controller labels."""
     md = ro.get("metadata") or {}
     ann, labels = md.get("annotations") or {}, md.get("labels") or {}
+    if not isinstance(ann, dict) or not isinstance(labels, dict):
+        return None
     for k in ARGOCD_TRACKING_ANNOTATIONS:
         if k in ann:
-            return f"annotation {k}={ann[k]}"
+            return "Argo CD", f"annotation {k}={ann[k]}"
     for k in ARGOCD_TRACKING_LABELS:
         if k in labels:
-            return f"label {k}={labels[k]}"
+            return "Argo CD", f"label {k}={labels[k]}"
+    for k in FLUX_TRACKING_LABELS:
+        if k in labels:
+            return "Flux", f"label {k}={labels[k]}"
     return None
 
 
 def check_shape(ro: dict, container: str | None) -> str:
     """Refuse a Rollout the drill cannot handle; returns the application container's name."""
     where = f"rollout {ro['metadata']['namespace']}/{ro['metadata']['name']}"
-    spec = ro.get("spec") or {}
+    spec = ro.get("spec") if isinstance(ro.get("spec"), dict) else {}
     if spec.get("workloadRef"):
         raise Refused(f"{where} uses workloadRef: the drill rolls back spec.template, which this Rollout does not "
                       f"have")
-    canary = (spec.get("strategy") or {}).get("canary")
-    if canary is None or not canary.get("trafficRouting"):
+    strategy = spec.get("strategy")
+    canary = strategy.get("canary") if isinstance(strategy, dict) else None
+    if not isinstance(canary, dict) or not canary.get("trafficRouting"):
         raise Refused(f"{where} is not a canary with traffic routing")
     steps = canary.get("steps")
+    if isinstance(steps, list) and not all(isinstance(s, dict) and len(s) == 1 for s in steps):
+        bad = next(i for i, s in enumerate(steps) if not (isinstance(s, dict) and len(s) == 1))
+        raise Refused(f"{where}: canary step {bad} is not an object with one field ({steps[bad]!r})"[:300])
     if not isinstance(steps, list) or not any("setWeight" in s for s in steps if isinstance(s, dict)):
         raise Refused(f"{where} has no canary setWeight steps ({'steps: null' if 'steps' in canary else 'no steps'}"
                       f"{'' if not isinstance(steps, list) else ': ' + steps_text(steps)}): the backward search has "
@@ -152,10 +172,11 @@ def preflight(api, target: LiveTarget, sync_paused: bool) -> dict:
     if lease:
         raise Refused(f"rollout {namespace}/{name} is held by another drill ({LEASE_ANNOTATION}: "
                       f"{describe_lease(lease)})")
-    tracked = argocd_tracking(ro)
+    tracked = gitops_tracking(ro)
     if tracked and not sync_paused:
-        raise Refused(f"rollout {namespace}/{name} looks managed by Argo CD ({tracked}; self-heal would revert "
-                      f"the drill): pause its sync and pass --sync-paused")
+        how = "pause its sync" if tracked[0] == "Argo CD" else "suspend its reconciliation (flux suspend)"
+        raise Refused(f"rollout {namespace}/{name} looks managed by {tracked[0]} ({tracked[1]}; its reconciliation "
+                      f"would revert the drill): {how} and pass --sync-paused")
     app = check_shape(ro, target.container)
     st = ro.get("status") or {}
     if st.get("abort"):

@@ -90,8 +90,14 @@ def read_cluster(kubeconfig: str, context: str) -> ClusterInventory:
     except Exception as e:                       # refused, forbidden, TLS, a silent server: said in one line
         return ClusterInventory(context, None, None, error=kube.describe(e, kube.server_of(api), "listing Rollouts"))
     inv = ClusterInventory(context, version, where)
-    for obj in items:
-        md = obj.get("metadata") or {}
+    if not isinstance(items, list):
+        return ClusterInventory(context, version, where, error=f"listing Rollouts: the API server answered items "
+                                                                f"that are not a list ({type(items).__name__})")
+    for i, obj in enumerate(items):
+        if not isinstance(obj, dict):
+            return ClusterInventory(context, version, where, error=f"listing Rollouts: item {i} is not an object "
+                                                                    f"({obj!r})"[:300])
+        md = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         ro = from_object(obj, f"cluster:{context}/{md.get('namespace')}/{md.get('name')}")
         ro.controller_version = version or ""
         ro.origin = {"cluster": context, "controller": where}
