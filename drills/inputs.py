@@ -7,14 +7,17 @@ hostile document is bad input (exit 2, file and line named), never exhausted mem
   ``RECORD_BYTES`` for the JSON a run writes (ledgers, run.json).
 - Depth: collections nested deeper than ``MAX_DEPTH`` are refused at the line where the budget runs out.
 - Aliases: an alias costs the size of the node it names; a document whose aliases expand to more than
-  ``MAX_ALIAS_NODES`` nodes (a billion-laughs document) is refused, and so is an alias inside the node it names
-  (a cycle).  Aliases stay shared references: nothing is copied.
+  ``MAX_ALIAS_NODES`` nodes or ``MAX_ALIAS_BYTES`` bytes (a billion-laughs document, one long string named a
+  thousand times) is refused, and so is an alias inside the node it names (a cycle).  Aliases stay shared
+  references: nothing is copied.
 - YAML is parsed into events by libyaml (no recursion there) and composed in Python under these budgets; only
   the safe tags are constructed.  No other loader of user input exists in the package.
 """
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import yaml
@@ -27,6 +30,7 @@ STREAM_BYTES = 256 << 20
 RECORD_BYTES = 64 << 20
 MAX_DEPTH = 128
 MAX_ALIAS_NODES = 100_000
+MAX_ALIAS_BYTES = 32 << 20       # what aliases repeat, counted in the bytes of the nodes they name
 
 try:
     from yaml.cyaml import CParser as _Parser      # libyaml's event parser: iterative, fast
@@ -55,6 +59,9 @@ def read_bytes(path: str | Path, limit: int = FILE_BYTES, what: str = "file") ->
     """At most ``limit`` bytes of a file; InputError past it (the rest is never read).  OSError propagates
     (FileNotFoundError included) so each caller says what a missing file means."""
     with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+            raise InputError(f"{what} is larger than {_mib(limit)}: refused unread", path)
         data = f.read(limit + 1)
     if len(data) > limit:
         raise InputError(f"{what} is larger than {_mib(limit)}: refused unread", path)
@@ -113,9 +120,10 @@ class _Budget(yaml.composer.Composer):
         self._sizes: dict[int, int] = {}
         self._open: set[str] = set()
         self._expanded = 0
+        self._expanded_bytes = 0
 
     def compose_document(self):
-        self._sizes, self._open, self._expanded = {}, set(), 0
+        self._sizes, self._open, self._expanded, self._expanded_bytes = {}, set(), 0, 0
         try:
             return super().compose_document()
         finally:
@@ -131,9 +139,11 @@ class _Budget(yaml.composer.Composer):
             target = self.anchors.get(ev.anchor)
             if target is not None:
                 self._expanded += self._sizes.get(id(target), 1)
-                if self._expanded > MAX_ALIAS_NODES:
-                    raise InputError(f"aliases expand to more than {MAX_ALIAS_NODES} nodes: refused (a YAML bomb?)",
-                                     self._path, line)
+                if target.start_mark is not None and target.end_mark is not None:
+                    self._expanded_bytes += max(0, target.end_mark.index - target.start_mark.index)
+                if self._expanded > MAX_ALIAS_NODES or self._expanded_bytes > MAX_ALIAS_BYTES:
+                    raise InputError(f"aliases expand to more than {MAX_ALIAS_NODES} nodes or "
+                                     f"{_mib(MAX_ALIAS_BYTES)}: refused (a YAML bomb?)", self._path, line)
             return super().compose_node(parent, index)
         nested = isinstance(ev, (MappingStartEvent, SequenceStartEvent))
         if nested:

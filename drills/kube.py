@@ -7,6 +7,9 @@ request, bounded retries where a retry is safe, and API failures said in one lin
 - Connection errors are retried twice by the HTTP pool (nothing was sent); a read that timed out is never
   retried there, because a mutating request may have been applied.  Reads that are safe to repeat use
   ``read_retry`` (tenacity).
+- A phase such as a preflight runs under one ``deadline``: every request's timeouts are cut to what is left of it,
+  so its retries happen inside it, and a request due after it raises ``DeadlinePassed`` (exit 2).
+- The kubeconfig is read, merged and checked by drills.kubeconfig (exec plugins under the request timeout).
 - ``describe`` turns any failure of a request (unreachable server, TLS, 401/403/500, timeouts) into one line.
 """
 from __future__ import annotations

@@ -149,7 +149,9 @@ def check_live_target(url: str, api_server: str | None = None) -> str:
     if api_server:
         api = urlsplit(api_server)
         api_host = (api.hostname or "").rstrip(".").lower()
-        same_host = host == api_host or bool(addrs & _addresses(api_host))
+        api_addrs = _addresses(api_host)
+        loopback = bool(addrs) and bool(api_addrs) and all(a.is_loopback for a in addrs | api_addrs)
+        same_host = host == api_host or bool(addrs & api_addrs) or loopback
         if same_host and _port(parts) == _port(api):
             raise LoadRefused(f"refusing load to {url}: it is the API server's own address ({api_server}); give "
                               f"the stage service's URL")

@@ -42,8 +42,8 @@ class StubAPI:
                 answer = outer.routes.get(self.path.split("?", 1)[0],
                                           {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": []})
                 if isinstance(answer, tuple):
-                    delay, answer = answer
-                    if outer._stop.wait(delay):
+                    delay, answer = answer          # the fault itself: an answer that comes late
+                    if outer._stop.wait(delay):         # (cut short when the server closes)
                         return
                 body = json.dumps(answer).encode()
                 try:

@@ -37,6 +37,11 @@ def laughs_document() -> str:
     return "lol:\n" + _laughs()
 
 
+def one_string_many_times(indent: str = "") -> str:
+    """One 1 MB string named 100 times: few nodes, 100 MB once expanded (the quadratic form of the bomb)."""
+    return f'{indent}a: &a "{"x" * 1_000_000}"\n{indent}b: [' + ", ".join(["*a"] * 100) + "]\n"
+
+
 def deep_mapping(depth: int = 20_000, flow: bool = False) -> str:
     """``depth`` nested mappings: flow style, or block style (indentation grows with the square of the depth, so a
     block document is 2,000 deep: 2 MB)."""
@@ -76,6 +81,8 @@ def test_billion_laughs_in_a_manifest_is_refused_in_bounded_memory(tmp_path):
     line = refused(drills("scan", bomb, tmp=tmp_path), "bomb.yaml:", "aliases expand to more than")
     assert f":{ROLLOUT_HEAD.count(chr(10)) + 1}:" not in line       # it names the line where the budget ran out
     refused(drills("scan", "-", tmp=tmp_path, stdin=bomb.read_text()), "<stdin>:", "aliases expand")
+    (tmp_path / "strings.yaml").write_text(ROLLOUT_HEAD + one_string_many_times("  "))
+    refused(drills("scan", tmp_path / "strings.yaml", tmp=tmp_path), "strings.yaml:", "aliases expand")
     # the same aliases in a part the scan skips, named from a part it reads
     skipped = ROLLOUT_HEAD + "  template:\n    metadata:\n      labels:\n" + _laughs("        ") + \
         "  strategy: {canary: {steps: [{setWeight: 5}], extra: *i}}\n"
@@ -129,6 +136,7 @@ def _kubeconfig(path: Path, server: str = "http://127.0.0.1:9") -> Path:
 
 
 HOSTILE = {"laughs": (laughs_document(), "aliases expand to more than"),
+           "long-string": (one_string_many_times(), "aliases expand to more than"),
            "deep": (deep_mapping(), "nested deeper than"),
            "deep-flow": (deep_mapping(flow=True), "nested deeper than")}
 

@@ -134,7 +134,8 @@ def test_watch_out_is_created_only_after_the_kubeconfig_and_the_target_are_check
     assert r.returncode == 2 and "is an input" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("url", ["{api}/", "{api}/healthz", "http://localhost:{port}/", "http://169.254.169.254/",
+@pytest.mark.parametrize("url", ["{api}/", "{api}/healthz", "http://localhost:{port}/", "http://127.0.0.2:{port}/",
+                                 "http://[::1]:{port}/", "http://127.1:{port}/", "http://169.254.169.254/",
                                  "http://[fd00:ec2::254]/latest", "http://2852039166/", "http://[::ffff:169.254.169.254]/",
                                  "http://metadata.google.internal/computeMetadata/v1/", "http://[fe80::1]/",
                                  "https://kubernetes.default.svc/"])

@@ -23,7 +23,7 @@ import yaml
 from yaml.events import (AliasEvent, DocumentEndEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent,
                          ScalarEvent, SequenceEndEvent, SequenceStartEvent)
 
-from ..inputs import MAX_ALIAS_NODES, MAX_DEPTH
+from ..inputs import MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_DEPTH
 from .model import ScanInputError
 
 try:
@@ -59,10 +59,13 @@ def _line(ev) -> int | None:
     return ev.start_mark.line + 1 if getattr(ev, "start_mark", None) is not None else None
 
 
-def _depth_budget(events, path: str):
-    """The events, refused past MAX_DEPTH levels of nesting (before anything deeper is built)."""
+def _depth_budget(events, path: str, walker=None):
+    """The events, refused past MAX_DEPTH levels of nesting (before anything deeper is built); the walker keeps
+    the last one (where a node it built ended)."""
     depth = 0
     for ev in events:
+        if walker is not None:
+            walker.last = ev
         t = type(ev)
         if t is MappingStartEvent or t is SequenceStartEvent:
             depth += 1
@@ -76,7 +79,8 @@ def _depth_budget(events, path: str):
 class _Walker:
     def __init__(self, events, path: str):
         self.path = path
-        self.events = _depth_budget(events, path)
+        self.last = None
+        self.events = _depth_budget(events, path, self)
         self.cache: dict = {}
         self.new_document()
 
@@ -86,6 +90,8 @@ class _Walker:
         self.open: set = set()
         self.count = 0               # nodes built in this document, an alias counting what it names
         self.expanded = 0            # of which through aliases
+        self.bytes: dict = {}        # anchor -> the bytes of the node it names
+        self.expanded_bytes = 0
 
     def fail(self, problem: str, ev) -> ScanInputError:
         return ScanInputError(problem, self.path, _line(ev))
@@ -132,8 +138,10 @@ class _Walker:
         size = self.sizes.get(ev.anchor, 1)
         self.count += size
         self.expanded += size
-        if self.expanded > MAX_ALIAS_NODES:
-            raise self.fail(f"aliases expand to more than {MAX_ALIAS_NODES} nodes: refused (a YAML bomb?)", ev)
+        self.expanded_bytes += self.bytes.get(ev.anchor, 0)
+        if self.expanded > MAX_ALIAS_NODES or self.expanded_bytes > MAX_ALIAS_BYTES:
+            raise self.fail(f"aliases expand to more than {MAX_ALIAS_NODES} nodes or {MAX_ALIAS_BYTES >> 20} MiB: "
+                            f"refused (a YAML bomb?)", ev)
         return self.anchors[ev.anchor]
 
     def build(self, ev, path: tuple, lines: dict):
@@ -166,6 +174,8 @@ class _Walker:
             self.open.discard(anchor)
             self.anchors[anchor] = v
             self.sizes[anchor] = self.count - start
+            end = getattr(self.last, "end_mark", None)
+            self.bytes[anchor] = max(0, end.index - ev.start_mark.index) if end is not None else 0
         return v
 
     def _mapping(self, path: tuple, lines: dict, skipped, wanted=None) -> dict:
