@@ -47,16 +47,13 @@ def _existing_ancestor(p: Path) -> Path:
 
 
 def writable_folder(folder: str | Path, what: str) -> Path:
-    """A folder the command may create files in (made when missing); OutputRefused otherwise."""
+    """A folder the command may create files in (or, when missing, whose nearest existing ancestor may take it);
+    OutputRefused otherwise.  Nothing is created here: the command makes the folder when it writes."""
     f = Path(folder).expanduser()
     anc = _existing_ancestor(f)
     if not anc.is_dir():
         raise OutputRefused(f"{what} {f}: cannot write there ({anc} is not a folder)")
-    try:
-        f.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputRefused(f"{what} {f}: cannot write there ({e.strerror or e})") from None
-    why = _probe(f)
+    why = _probe(anc)
     if why:
         raise OutputRefused(f"{what} {f}: cannot write there ({why})")
     return f
