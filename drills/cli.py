@@ -18,7 +18,7 @@ import yaml
 
 from . import about, commands, config, lanes, legs, probe, runner
 from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
-from .signals import Interrupted
+from .signals import Interrupted, SignalGuard
 
 
 # --- kubectl's habits: -o json|yaml beside --json, --version, --reports-dir anywhere ---------------------------
@@ -68,18 +68,20 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=argparse.RawDescriptionHelpFormatter,
                         description="A run is a list of legs, one per (controller version, lane, variant).")
     rn.add_argument("--controller", default=None, help=f"version(s), comma-separated, or 'all' ({versions}); "
-                                                       f"default {config.DEFAULT_CONTROLLER}")
+                                                       f"default {config.DEFAULT_CONTROLLER}; in live mode the live "
+                                                       f"controller's version (default: its image tag)")
     rn.add_argument("--lanes", default=None, help=f"{','.join(lanes.REGISTRY)} or all (default "
                                                   f"{','.join(lanes.DEFAULT_LANES)})")
-    rn.add_argument("--variant", choices=legs.VARIANT_MODES, default="stage",
-                    help="lane A fixture: the seed's stage shape, the prod-shaped one, or both")
-    rn.add_argument("--availability-control", choices=["on", "off"], default="on")
+    rn.add_argument("--variant", choices=legs.VARIANT_MODES, default=None,
+                    help="lane A fixture: the seed's stage shape (default), the prod-shaped one, or both")
+    rn.add_argument("--availability-control", choices=["on", "off"], default=None, help="default on")
     rn.add_argument("--rollback-via", choices=["gitops", "undo"], default="gitops")
     rn.add_argument("-j", "--jobs", type=int, default=None,
                     help="legs at a time (default: what the machine holds: 3 per core, at most one per "
                          f"{runner.MEM_PER_LEG_GIB:g} GiB of available memory, at most the number of legs; here "
                          f"{runner.default_jobs()})")
-    rn.add_argument("--plan", action="store_true", help="print the legs the run would execute and start nothing")
+    rn.add_argument("--plan", action="store_true", help="print the legs the run would execute and start nothing "
+                                                        "(in live mode: what it would do; no connection is opened)")
     rn.add_argument("--json", action="store_true", help="with --plan: JSON")
     _output(rn)
     rn.add_argument("--shard", default=None, help="I/N: run shard I of N (legs balanced by measured durations)")
@@ -297,12 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT if e.code not in (0, None) else EXIT_OK
     try:
         _apply_globals(args)
-        return _dispatch(args)
+        with SignalGuard():     # SIGINT and SIGTERM end every command the same way, whatever it inherited
+            return _dispatch(args)
     except BadInput as e:
         commands.err(str(e))
         return EXIT_BAD_INPUT
     except (KeyboardInterrupt, Interrupted) as e:
-        commands.err(f"interrupted ({e})" if str(e) else "interrupted")
+        text = str(e)
+        commands.err(text if text.startswith("interrupted") else f"interrupted ({text})" if text else "interrupted")
         return EXIT_INCONCLUSIVE
     except Exception as e:   # a failure nobody anticipated: one line, the traceback on request
         if os.environ.get("DRILLS_DEBUG"):

@@ -14,10 +14,14 @@ from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
 from .cluster.embedded import audit_log_for
 from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
-from .fleet import Fleet, base_sources
+from .fleet import Fleet, base_sources, check_base_version
 from .helm import Helm, HelmError
+from .kubeconfig import files_of
 from .ledger import new_run_id, read_rows
+from .outputs import check_output, reports_folder
+from .live import check_inputs as live_check_inputs
 from .live import run_live, run_live_b
+from .safety import LEASE_ANNOTATION
 from .probe import controller_log_of, observation_dict, run_probe
 from .recorder import watch_rollout
 from .renderdiff import render_diff
@@ -146,6 +150,27 @@ def _binary(args) -> runner.Binary | None:
     return user_binary(args.controller_binary, args.crds, args.source, _progress)[0]
 
 
+def _embedded_only(args) -> list[str]:
+    """The flags of `drills run` that mean nothing in live mode (refused there, never silently ignored)."""
+    return [flag for flag, on in (("--shard", args.shard is not None), ("-j", args.jobs is not None),
+                                  ("--variant", args.variant is not None), ("--keep-cluster", args.keep_cluster),
+                                  ("--durations", args.durations is not None),
+                                  ("--availability-control", args.availability_control is not None),
+                                  ("--controller-binary", args.controller_binary is not None),
+                                  ("--crds", args.crds is not None), ("--source", args.source is not None)) if on]
+
+
+def live_controller(spec: str | None) -> str | None:
+    """In live mode --controller names the live controller's version (one release tag) instead of its image tag."""
+    if spec is None:
+        return None
+    v = config.normalise_version(spec) if "," not in spec else None
+    if v is None:
+        raise BadInput(f"--controller {spec!r}: in live mode give the one version the live controller runs "
+                       f"(e.g. v1.8.2); without it the version is its image tag")
+    return v
+
+
 def cmd_run(args) -> int:
     live_target = args.kubeconfig or args.context or args.namespace or args.rollout
     live_only = [flag for flag, on in (("--dry-run", args.dry_run), ("--service-url", args.service_url),
@@ -154,22 +179,35 @@ def cmd_run(args) -> int:
     if live_only and not live_target:
         raise BadInput(f"{', '.join(live_only)}: live mode only; name the live target with --kubeconfig/--context "
                        f"--namespace --rollout (the embedded job has nothing to dry-run)")
+    if live_target:
+        embedded = _embedded_only(args)
+        if embedded:
+            raise BadInput(f"{', '.join(embedded)}: not for live mode (they shape the embedded run's legs and "
+                           f"clusters); drop them, or drop the live target flags")
+        args.controller = live_controller(args.controller)
     if args.jobs is not None and not 1 <= args.jobs <= 64:
         raise BadInput(f"-j {args.jobs}: give 1..64 legs at a time")
     keys = lanes.resolve(args.lanes)
     shard = legs.parse_shard(args.shard)
-    binary = _binary(args)
     if live_target:
-        if keys == ["b"]:
-            return run_live_b(args, _duration(args.duration) if args.duration else DEFAULT_LIVE_B_S)
-        if args.duration:
+        if keys != ["b"] and args.duration:
             raise BadInput("--duration goes with --lanes b (the read-only watch of the next deploy)")
-        if keys != ["a"] and args.lanes:
+        if keys not in (["a"], ["b"]) and args.lanes:
             raise BadInput(f"live mode runs lane a (the drill) or lane b (the watch of the next deploy), one at a "
                            f"time: --lanes {args.lanes}")
+        duration = (_duration(args.duration) if args.duration else DEFAULT_LIVE_B_S) if keys == ["b"] else None
+        if args.plan:                  # a plan opens no connection: the target's files are read, nothing is sent
+            return _live_plan(args, "b" if keys == ["b"] else "a", duration)
+        if not args.dry_run:
+            reports_folder()
+        if keys == ["b"]:
+            return run_live_b(args, duration)
         return run_live(args)
+    binary = _binary(args)
+    if not args.plan:
+        reports_folder()
     versions = [binary.release] if binary else resolve_controller_versions(args.controller)
-    plan = legs.plan(versions, keys, args.variant, label=binary.label if binary else None)
+    plan = legs.plan(versions, keys, args.variant or "stage", label=binary.label if binary else None)
     durations = legs.read_durations(Path(args.durations) if args.durations else None)
     doc = legs.plan_document(plan, durations, shard, args.durations or str(legs.durations_file()))
     if args.plan:
@@ -181,7 +219,7 @@ def cmd_run(args) -> int:
             print(f"{len(doc['legs'])} of {doc['total_legs']} leg(s); plan {doc['plan_digest']}")
         return EXIT_OK
     chosen = [x for x in plan if x.id in {d["id"] for d in doc["legs"]}]
-    env = {"DRILLS_AVAILABILITY_CONTROL": args.availability_control, "DRILLS_ROLLBACK_VIA": args.rollback_via}
+    env = {"DRILLS_AVAILABILITY_CONTROL": args.availability_control or "on", "DRILLS_ROLLBACK_VIA": args.rollback_via}
     meta = {"plan_digest": doc["plan_digest"], "shard": doc["shard"], "total_legs": doc["total_legs"],
             "all_legs": [x.id for x in plan], **provenance.stamp(config.KUBERNETES_VERSION)}
     code, run_dir, rows = runner.run(chosen, jobs=args.jobs, env=env, binaries=[binary] if binary else [],
@@ -196,12 +234,54 @@ def cmd_run(args) -> int:
     return code
 
 
+def _live_plan(args, lane: str, duration: float | None) -> int:
+    """`drills run --plan` with a live target: what the live run would do, from the command line and the target's
+    files alone (kubeconfig, allowlist); no connection is opened, no credential plugin runs."""
+    target = live_check_inputs(args)
+    where = f"{target.namespace}/{target.rollout}"
+    if lane == "b":
+        steps = [f"read-only preflight of {where}: the namespace's opt-in label, the Rollout",
+                 f"watch {where} read-only for its next deploy, up to {duration:.0f}s; check its steps no longer end "
+                 f"in setWeight: 100, that it still reaches weight 100 and promotes Healthy"]
+    else:
+        steps = [f"read-only preflight of {where}: the namespace's opt-in label, lease, GitOps management, shape, "
+                 f"health, the rollback target inside rollbackWindow",
+                 f"annotate {where} with the lease {LEASE_ANNOTATION}",
+                 "BEFORE: roll back the application container's image to the rollback target's and observe",
+                 "cut the final setWeight: 100 from the steps",
+                 "redeploy the current image, wait for the rollback target to be scaled to 0",
+                 "AFTER: roll back again and observe",
+                 "EXIT: redeploy, roll back once more, abort while the revived ReplicaSet is partly available, then "
+                 "promote --full",
+                 "restore: the pod template and the steps exactly as they were; release the lease"]
+        if target.service_url:
+            steps.insert(2, f"load {target.service_url} (bounded) during each observed phase")
+    if args.dry_run:
+        steps = [f"{s} (dry-run: the preflight reads, every mutation is printed, none is sent)" if i == 0 else s
+                 for i, s in enumerate(steps)]
+    leg = {"id": f"live/{lane}/{target.context}/{where}", "lane": lane, "variant": "live",
+           "controller": args.controller or "the live controller's image tag", "shard": 1, "estimate_s": duration}
+    doc = {"mode": "live", "dry_run": bool(args.dry_run), "kubeconfig": target.kubeconfig,
+           "context": target.context, "namespace": target.namespace, "rollout": target.rollout, "lane": lane,
+           "steps": steps, "legs": [leg], "total_legs": 1, "shard": None, "connections": 0}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return EXIT_OK
+    print(f"live plan: lane {lane} on {where}, context {target.context} ({target.kubeconfig}); nothing is sent "
+          f"while planning")
+    for i, s in enumerate(steps, 1):
+        print(f"  {i}. {s}")
+    return EXIT_OK
+
+
 # --- upgrade-check ----------------------------------------------------------------------------------
 def cmd_upgrade_check(args) -> int:
+    reports_folder()
     code, run_dir, changes, sides = upgrade_check(args, _progress)
     if args.json:
         print((run_dir / UPGRADE_FILE).read_text() if (run_dir / UPGRADE_FILE).exists()
               else json.dumps({"baseline": sides.baseline, "candidate": sides.candidate, "exit": code}))
+        _progress(f"run folder: {run_dir}")
     else:
         doc = json.loads((run_dir / UPGRADE_FILE).read_text()) if (run_dir / UPGRADE_FILE).exists() else {}
         for line in doc.get("new_hazards") or []:          # the answer first: what gates the upgrade
@@ -232,6 +312,8 @@ def _probe_spec(args) -> RolloutSpec:
     if args.rollback_timeout is not None and not (math.isfinite(args.rollback_timeout) and
                                                   0 < args.rollback_timeout <= 24 * 3600):
         raise BadInput(f"--rollback-timeout {args.rollback_timeout}: give seconds in (0, 86400]")
+    if args.expect is not None and not 0 <= args.expect <= 100:
+        raise BadInput(f"--expect {args.expect}: a canary weight is 0..100")
     return RolloutSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
                        hold_seconds=args.hold, availability_control=args.availability_control == "on",
                        rollback_via=args.rollback_via, scale_down_delay=args.scale_down_delay)
@@ -240,6 +322,7 @@ def _probe_spec(args) -> RolloutSpec:
 def cmd_probe(args) -> int:
     spec = _probe_spec(args)
     version = _one_version(args.controller)
+    reports_folder()
     cl = EmbeddedCluster(log=_progress)
     out_dir = config.reports_dir() / "probes" / new_run_id()
     with SignalGuard() as guard:
@@ -304,24 +387,15 @@ def _duration(text: str) -> float:
     return seconds
 
 
-def _writable(path: str) -> Path:
-    out = Path(path)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "a"):
-            pass
-    except OSError as e:
-        raise BadInput(f"--out {path}: cannot write there ({e.strerror or e})")
-    return out
-
-
 def cmd_watch(args) -> int:
     if not args.until_healthy and not args.duration:
         raise BadInput("give --until-healthy or --duration")
     duration = _duration(args.duration) if args.duration else None
     if args.audit_log and not Path(args.audit_log).is_file():
         raise BadInput(f"--audit-log {args.audit_log}: no such file")
-    out = _writable(args.out)
+    # checked, not created: nothing is written before the kubeconfig, its credentials and the target are
+    out = check_output(args.out, "--out", inputs=[*files_of(args.kubeconfig), *([args.audit_log] if args.audit_log
+                                                                             else [])])
     kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
     api = kube.new_client(kc, ctx)
     audit = args.audit_log or audit_log_for(kc)
@@ -339,10 +413,14 @@ def cmd_restore(args) -> int:
 
 # --- render-diff, report, lanes --------------------------------------------------------------------
 def cmd_render_diff(args) -> int:
+    fleet = Fleet(args.fleet, args.apps_dir)
+    sources = base_sources(args.charts)
+    fleet.app(args.app, args.env)                  # the app, its environment and both versions before helm is built
+    for version in (args.from_version, args.to_version):
+        check_base_version(version, sources)
     try:
         with Helm() as helm:
-            d = render_diff(Fleet(args.fleet, args.apps_dir), args.app, args.env, args.from_version, args.to_version,
-                            helm, sources=base_sources(args.charts))
+            d = render_diff(fleet, args.app, args.env, args.from_version, args.to_version, helm, sources=sources)
     except HelmError as e:
         err(str(e))
         return EXIT_FAIL
@@ -355,6 +433,7 @@ def cmd_report(args) -> int:
     missing = [d for d in given if not Path(d).exists()]
     if missing:
         raise BadInput(f"no such run folder: {', '.join(map(str, missing))}")
+    reports_folder()
     if args.merge:
         merged = runner.merge([Path(d) for d in given], log=_progress)
         print(merged)

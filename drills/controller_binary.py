@@ -14,9 +14,14 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
+from . import config, inputs
+from .errors import BadInput
+from .procs import run_bounded
 from .provenance import SHORT, git_commit
 from .toolchain.build import sha256_file
+
+
+VERSION_TIMEOUT_S = 20.0
 
 
 class ControllerBinaryError(ValueError):
@@ -88,12 +93,13 @@ def inspect_binary(path: Path, crds: Path | None = None, source: Path | None = N
     import os
     if not os.access(path, os.X_OK) or not path.stat().st_mode & 0o111:
         raise ControllerBinaryError(f"--controller-binary {path}: not an executable file")
-    try:
-        r = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=20)
+    try:       # its own process group, killed with everything it started on a timeout or a signal
+        r = run_bounded([str(path), "--version"], timeout=VERSION_TIMEOUT_S)
     except OSError as e:
         raise ControllerBinaryError(f"--controller-binary {path}: cannot run it: {e}")
     except subprocess.TimeoutExpired:
-        raise ControllerBinaryError(f"--controller-binary {path}: '--version' did not return within 20s")
+        raise ControllerBinaryError(f"--controller-binary {path}: '--version' did not return within "
+                                    f"{VERSION_TIMEOUT_S:.0f}s: stopped it")
     out = (r.stdout + r.stderr).strip()
     m = re.search(r"\bv?\d+\.\d+\.\d+[^\s\"]*", out)
     if r.returncode != 0 or not m or ("rollouts" not in out.lower() and not re.fullmatch(r"v?\d+\.\d+\.\d+\S*", out)):
@@ -118,6 +124,11 @@ def inspect_binary(path: Path, crds: Path | None = None, source: Path | None = N
     crds = Path(crds).expanduser().resolve()
     if not crds.is_dir() or not list(crds.glob("*.yaml")):
         raise ControllerBinaryError(f"--crds {crds}: no CRD files (*.yaml) there")
+    for f in sorted(crds.glob("*.yaml")):          # read under the input budget before a cluster installs them
+        try:
+            inputs.load_all(inputs.read_text(f, inputs.FILE_BYTES, "CRD file"), f)
+        except (BadInput, OSError) as e:
+            raise ControllerBinaryError(f"--crds {crds}: {e}") from None
     return BinaryInfo(path=path, reported=reported, version=version, sha256=sha256_file(path),
                       nearest_release=near, crds_dir=crds, crd_origin=origin, crd_warning=warning,
                       commit=git_commit(source, short=True) if source is not None else None)

@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from . import config
+from . import config, inputs
+from .errors import BadInput
 from .helm import ChartInputError, Helm, HelmError, copy_tree
 from .names import is_plain_name, plain_name
 
@@ -24,13 +25,18 @@ STEPS_PATH = "spec.strategy.canary.steps"
 BASE = "base"
 
 
-# --- YAML with file and line ----------------------------------------------------------------------
-def _yaml_error(path: Path, e: yaml.YAMLError) -> ChartInputError:
-    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    problem = getattr(e, "problem", None) or str(e)
-    if mark is not None:
-        return ChartInputError(f"{path}:{mark.line + 1}: not valid YAML: {problem}")
-    return ChartInputError(f"{path}: not valid YAML: {problem}")
+# --- YAML with file and line (read under the input budget, drills.inputs) -------------------------------
+def _yaml_error(path: Path, e: BadInput) -> ChartInputError:
+    return ChartInputError(str(e) if str(path) in str(e) else f"{path}: {e}")
+
+
+def _text(path: Path, what: str) -> str:
+    try:
+        return inputs.read_text(path, inputs.FILE_BYTES, what)
+    except BadInput as e:
+        raise _yaml_error(path, e) from None
+    except OSError as e:
+        raise ChartInputError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
 
 
 def load_yaml_file(path: Path | str, what: str = "file") -> Any:
@@ -38,21 +44,20 @@ def load_yaml_file(path: Path | str, what: str = "file") -> Any:
     path = Path(path)
     if not path.is_file():
         raise ChartInputError(f"{path}: {what} does not exist")
-    text = path.read_text()
     try:
-        docs = [d for d in yaml.safe_load_all(text)]
-    except yaml.YAMLError as e:
+        return inputs.load_one(_text(path, what), path, what)
+    except ChartInputError:
+        raise
+    except BadInput as e:
         raise _yaml_error(path, e) from None
-    docs = [d for d in docs if d is not None]
-    if len(docs) > 1:
-        raise ChartInputError(f"{path}: {what} holds {len(docs)} YAML documents, expected one")
-    return docs[0] if docs else None
 
 
 def _compose(path: Path) -> list[yaml.Node]:
     try:
-        return [n for n in yaml.compose_all(path.read_text()) if n is not None]
-    except yaml.YAMLError as e:
+        return inputs.compose_all(_text(path, "file"), path)
+    except ChartInputError:
+        raise
+    except BadInput as e:
         raise _yaml_error(path, e) from None
 
 
@@ -125,11 +130,13 @@ class Fleet:
         for doc in _compose(path):
             line = doc.start_mark.line + 1
             try:
-                data = yaml.safe_load(yaml.serialize(doc))
-            except yaml.YAMLError as e:       # composed, but not constructible (e.g. an unknown tag)
+                data = inputs.construct(doc, path)
+            except BadInput as e:             # composed, but not constructible (e.g. an unknown tag)
                 raise _yaml_error(path, e) from None
             try:
                 helm = data["spec"]["source"]["helm"]
+                if not isinstance(helm.get("valueFiles") or [], list):
+                    raise TypeError("spec.source.helm.valueFiles is not a list")
                 files_node = _walk(doc, ["spec", "source", "helm", "valueFiles"])
                 app = App(
                     name=str(helm["releaseName"]), env=env, application=str(data["metadata"]["name"]),
@@ -139,7 +146,7 @@ class Fleet:
                     source=path,
                     value_file_lines=tuple(n.start_mark.line + 1 for n in getattr(files_node, "value", []) or []),
                 )
-            except (KeyError, TypeError) as e:
+            except (KeyError, TypeError, AttributeError) as e:
                 raise ChartInputError(f"{path}:{line}: Application lacks {e} (needs metadata.name, "
                                       f"spec.source.path, spec.source.helm.releaseName, spec.destination.namespace)")
             if not is_plain_name(app.name):        # it names the app's render folder
@@ -190,7 +197,7 @@ def base_sources(root: Path | str | None = None) -> dict[str, Path]:
     out = {}
     for chart_yaml in sorted(root.glob("*/Chart.yaml")):
         meta = load_yaml_file(chart_yaml, "Chart.yaml") or {}
-        if meta.get("name") == BASE:
+        if isinstance(meta, dict) and meta.get("name") == BASE and meta.get("version") is not None:
             out[str(meta["version"])] = chart_yaml.parent
     return out
 
@@ -257,7 +264,11 @@ def _sorted(obj: Any) -> Any:
 def normalise(text: str) -> dict[str, dict]:
     """Rendered manifests -> {"Kind/name": object} with keys in stable (sorted) order."""
     objs: dict[str, dict] = {}
-    for doc in yaml.safe_load_all(text):
+    try:
+        docs = inputs.load_all(text, "the rendered manifests")
+    except BadInput as e:
+        raise HelmError(str(e)) from None
+    for doc in docs:
         if not doc:
             continue
         if not isinstance(doc, dict) or "kind" not in doc:

@@ -21,6 +21,7 @@ import yaml
 
 from . import config
 from .errors import BadInput
+from .procs import run_bounded
 from .wait import WaitTimeout, until
 
 
@@ -89,8 +90,8 @@ class Helm:
 
     def run(self, *args: str, cwd: Path | str | None = None) -> str:
         cmd = [str(self.binary), *map(str, args)]
-        try:
-            proc = subprocess.run(cmd, cwd=cwd, env=self.env, capture_output=True, text=True, timeout=self.timeout)
+        try:        # in a process group of its own, dying with the command and killed on a timeout or a signal
+            proc = run_bounded(cmd, timeout=self.timeout, env=self.env, cwd=cwd)
         except subprocess.TimeoutExpired as e:
             raise HelmError(f"helm {' '.join(map(str, args))}: timed out after {self.timeout:.0f}s") from e
         if proc.returncode != 0:
@@ -128,7 +129,7 @@ class Helm:
             args.append("--plain-http")
         # helm push reports on stderr; run() returns stdout, so keep both here.
         cmd = [str(self.binary), *args]
-        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=self.timeout)
+        proc = run_bounded(cmd, timeout=self.timeout, env=self.env)
         if proc.returncode != 0:
             raise HelmError(f"helm {' '.join(args)}: exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()}")
         return (proc.stdout + proc.stderr).strip()

@@ -7,6 +7,9 @@ request, bounded retries where a retry is safe, and API failures said in one lin
 - Connection errors are retried twice by the HTTP pool (nothing was sent); a read that timed out is never
   retried there, because a mutating request may have been applied.  Reads that are safe to repeat use
   ``read_retry`` (tenacity).
+- A phase such as a preflight runs under one ``deadline``: every request's timeouts are cut to what is left of it,
+  so its retries happen inside it, and a request due after it raises ``DeadlinePassed`` (exit 2).
+- The kubeconfig is read, merged and checked by drills.kubeconfig (exec plugins under the request timeout).
 - ``describe`` turns any failure of a request (unreachable server, TLS, 401/403/500, timeouts) into one line.
 """
 from __future__ import annotations
@@ -14,14 +17,17 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import urllib3
 from kubernetes import client
-from kubernetes import config as kconfig
 from kubernetes.client.rest import ApiException
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
+from . import kubeconfig
 from .errors import BadInput, Unreachable
 
 CONNECT_TIMEOUT = 5.0
@@ -37,13 +43,53 @@ def read_timeout() -> float:
     return v if 0 < v < 3600 else 15.0
 
 
+class DeadlinePassed(Unreachable):
+    """The deadline of a phase (a preflight) passed: no further request is sent in it."""
+
+
+_phase = threading.local()
+
+
+@contextmanager
+def deadline(seconds: float, what: str):
+    """One overall deadline for the requests of a phase in this thread (a preflight): each request's timeouts
+    are cut to what is left, retries happen inside it, and a request due after it raises DeadlinePassed."""
+    prev = getattr(_phase, "deadline", None)
+    end = time.monotonic() + seconds
+    _phase.deadline = (min(end, prev[0]) if prev else end, seconds if not prev else prev[1], what)
+    try:
+        yield
+    finally:
+        _phase.deadline = prev
+
+
+def _budget(timeout: float) -> float:
+    """``timeout`` cut to what is left of the phase's deadline."""
+    d = getattr(_phase, "deadline", None)
+    return timeout if d is None else max(0.05, min(timeout, d[0] - time.monotonic()))
+
+
+def _cut(timeout, host: str | None):
+    d = getattr(_phase, "deadline", None)
+    if d is None:
+        return timeout
+    left = d[0] - time.monotonic()
+    if left <= 0:
+        raise DeadlinePassed(f"{d[2]}: the API server{' at ' + host if host else ''} did not answer within "
+                             f"{d[1]:.0f}s (the deadline of the whole {d[2]}, DRILLS_REQUEST_TIMEOUT)")
+    if isinstance(timeout, tuple):
+        return tuple(min(t, left) for t in timeout)
+    return min(timeout, left) if timeout else left
+
+
 class KubeClient(client.ApiClient):
-    """An ApiClient whose requests always carry a (connect, read) timeout."""
+    """An ApiClient whose requests always carry a (connect, read) timeout, cut to the phase's deadline."""
 
     def request(self, method, url, query_params=None, headers=None, post_params=None, body=None,
                 _preload_content=True, _request_timeout=None):
         if _request_timeout is None:
             _request_timeout = default_timeout(query_params)
+        _request_timeout = _cut(_request_timeout, getattr(self.configuration, "host", None))
         return super().request(method, url, query_params=query_params, headers=headers, post_params=post_params,
                                body=body, _preload_content=_preload_content, _request_timeout=_request_timeout)
 
@@ -62,41 +108,21 @@ def default_timeout(query_params) -> tuple[float, float]:
 
 # --- kubeconfig ---------------------------------------------------------------------------------------
 def resolve_kubeconfig(path: str | None, context: str | None) -> tuple[str, str]:
-    """As kubectl: --kubeconfig, else the first file of $KUBECONFIG, else ~/.kube/config; --context, else the
-    current context.  Raises BadInput naming what is missing."""
-    env = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-    kc = path or next((p for p in env if Path(p).exists()), None) or (env[0] if env else None) \
-        or str(Path.home() / ".kube" / "config")
-    if not Path(kc).is_file():
-        raise BadInput(f"kubeconfig {kc} does not exist")
-    try:
-        contexts, current = kconfig.list_kube_config_contexts(config_file=kc)
-    except Exception as e:   # the loader raises many kinds for a malformed file
-        raise BadInput(f"kubeconfig {kc}: {_one_line(e)}") from None
-    names = [c["name"] for c in contexts or []]
-    ctx = context or (current or {}).get("name")
-    if ctx not in names:
-        raise BadInput(f"context {ctx!r} is not in {kc} (contexts: {', '.join(names) or 'none'})")
-    entry = next(c for c in contexts if c["name"] == ctx)
-    if not (entry.get("context") or {}).get("user"):
-        raise BadInput(f"context {ctx!r} in {kc} names no user: kubectl could not authenticate with it either")
-    return kc, ctx
+    """As kubectl: --kubeconfig, else the files of $KUBECONFIG merged (the first file wins), else
+    ~/.kube/config; --context, else the current context (refused when unset).  Raises BadInput naming what is
+    missing (drills.kubeconfig); nothing is run and nothing is sent."""
+    return kubeconfig.resolve(path, context)
 
 
 USER_AGENT = "drills/0.1"
 
 
-def new_client(kubeconfig: str | Path, context: str | None = None, agent: str = USER_AGENT) -> KubeClient:
+def new_client(kubeconfig_spec: str | Path, context: str | None = None, agent: str = USER_AGENT) -> KubeClient:
     """A client for one kubeconfig context, saying who it is (``agent``: the apiserver's audit log tells the
     drill's own requests from the releaser's and the controllers'); BadInput (exit 2) when the kubeconfig cannot
-    be loaded."""
+    be loaded or its credentials cannot be had (an exec plugin that fails or hangs past the request timeout)."""
     cfg = client.Configuration()
-    try:
-        kconfig.load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg,
-                                 persist_config=False)
-    except Exception as e:   # bad CA data, missing user, failing exec plugin, malformed file ...
-        where = f"kubeconfig {kubeconfig}" + (f" context {context!r}" if context else "")
-        raise Unreachable(f"{where}: cannot load it: {_one_line(e)}") from None
+    kubeconfig.configure(cfg, str(kubeconfig_spec), context, exec_timeout=_budget(read_timeout()))
     cfg.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, backoff_factor=0.2,
                                 raise_on_status=False)
     api = KubeClient(configuration=cfg)

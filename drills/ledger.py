@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import config
+from . import config, inputs
 from .errors import BadInput, combine_exit_codes  # noqa: F401  (combine_exit_codes: kept importable here)
 from .provenance import stamp
 
@@ -80,13 +80,13 @@ def read_rows(path: Path) -> list[dict]:
     """The rows of a ledger file ([] when it does not exist); LedgerError when it is not a ledger."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = inputs.load_json_file(path, inputs.RECORD_BYTES, "ledger")
     except FileNotFoundError:
         return []
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise LedgerError(f"ledger {path}: cannot read it ({e})") from None
-    except ValueError as e:
-        raise LedgerError(f"ledger {path}: not valid JSON ({e})") from None
+    except BadInput as e:                 # not JSON, or over the size or depth budget
+        raise LedgerError(f"ledger {e}") from None
     if not isinstance(data, list):
         raise LedgerError(f"ledger {path}: not a JSON array of rows")
     for i, row in enumerate(data):

@@ -18,7 +18,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import config
+from . import config, inputs
 from .errors import BadInput
 from .lanes import REGISTRY
 
@@ -73,12 +73,12 @@ def durations_file() -> Path:
 def read_durations(path: Path | None = None) -> dict[str, float]:
     p = Path(path) if path else durations_file()
     try:
-        data = json.loads(p.read_text())
+        data = inputs.load_json_file(p, inputs.FILE_BYTES, "durations file")
     except FileNotFoundError:
         if path:
             raise BadInput(f"--durations {p}: no such file") from None
         return {}
-    except (ValueError, OSError) as e:
+    except (BadInput, OSError) as e:       # not JSON, over the size or depth budget, unreadable
         if path:
             raise BadInput(f"--durations {p}: not a JSON object of leg id -> seconds ({e})") from None
         return {}
@@ -153,3 +153,23 @@ def plan_document(legs: list[Leg], durations: dict[str, float], shard: tuple[int
     return {"legs": [dict(x.to_dict(), shard=shards[x.id], estimate_s=estimate(x, durations)) for x in chosen],
             "total_legs": len(legs), "shard": f"{shard[0]}/{shard[1]}" if shard else None,
             "plan_digest": digest(legs, durations), "durations_source": durations_source}
+
+
+# --- a run folder's record of its legs ---------------------------------------------------------------------
+def read_run_meta(run_dir: Path) -> dict:
+    """A run folder's run.json (read under the input budget): an object whose ``legs`` are objects with a string
+    ``id``; BadInput naming the folder otherwise (a merge or an upgrade check reads folders a user hands it)."""
+    p = Path(run_dir) / "run.json"
+    try:
+        meta = inputs.load_json_file(p, inputs.RECORD_BYTES, "run.json")
+    except (OSError, BadInput) as e:
+        raise BadInput(f"{run_dir}: not a run folder of drills run (no readable run.json: {e})") from None
+    if not isinstance(meta, dict):
+        raise BadInput(f"{p}: not a run record (a JSON object with the run's legs)")
+    legs_ = meta.get("legs", [])
+    if not isinstance(legs_, list) or not all(isinstance(x, dict) and isinstance(x.get("id"), str) for x in legs_):
+        raise BadInput(f"{p}: legs must be a list of objects with a string id")
+    all_legs = meta.get("all_legs", []) or []
+    if not isinstance(all_legs, list) or not all(isinstance(x, str) for x in all_legs):
+        raise BadInput(f"{p}: all_legs must be a list of leg ids")
+    return meta

@@ -22,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from . import config, kube
+from .kubeconfig import server_of
 from .errors import BadInput, Refused
 from .kit import DrillRollout
 from .lanes.a_live import LiveLaneA
@@ -57,6 +58,9 @@ from .watchdog import Watchdog, api_answers, no_other_writer
 ARGOCD_TRACKING_ANNOTATIONS = ("argocd.argoproj.io/tracking-id",)
 # Argo CD tracks resources by a label; app.kubernetes.io/instance is its default tracking label
 ARGOCD_TRACKING_LABELS = ("app.kubernetes.io/instance", "argocd.argoproj.io/instance")
+# Flux's kustomize-controller and helm-controller label what they apply (and reconcile it back, as self-heal does)
+FLUX_TRACKING_LABELS = ("kustomize.toolkit.fluxcd.io/name", "kustomize.toolkit.fluxcd.io/namespace",
+                        "helm.toolkit.fluxcd.io/name", "helm.toolkit.fluxcd.io/namespace")
 
 LiveRefused = Refused      # the name the command line used first
 
@@ -78,13 +82,13 @@ def check_inputs(args) -> LiveTarget:
     plain_name(args.namespace, "--namespace", 63)        # both name the journal's entry (and files of the run)
     plain_name(args.rollout, "--rollout", 253)
     url = getattr(args, "service_url", None)
+    kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
     if url:
-        from .load import LoadRefused, check_target
+        from .load import LoadRefused, check_live_target
         try:
-            check_target(url, target="live")
+            check_live_target(url, api_server=server_of(kc, ctx))
         except LoadRefused as e:
             raise BadInput(f"--service-url: {e}") from None
-    kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
     check_context(ctx, embedded=False, allow=args.allow_context)
     return LiveTarget(kc, ctx, args.namespace, args.rollout, getattr(args, "container", None), url)
 
@@ -106,28 +110,45 @@ def controller_image_version(api) -> str:
 
 
 def argocd_tracking(ro: dict) -> str | None:
+    """How a GitOps controller (Argo CD or Flux) tracks the Rollout, or None."""
+    found = gitops_tracking(ro)
+    return found[1] if found else None
+
+
+def gitops_tracking(ro: dict) -> tuple[str, str] | None:
+    """(the GitOps controller, how it tracks the Rollout) or None: Argo CD's tracking annotation or labels, Flux's
+    kustomize or helm controller labels."""
     md = ro.get("metadata") or {}
     ann, labels = md.get("annotations") or {}, md.get("labels") or {}
+    if not isinstance(ann, dict) or not isinstance(labels, dict):
+        return None
     for k in ARGOCD_TRACKING_ANNOTATIONS:
         if k in ann:
-            return f"annotation {k}={ann[k]}"
+            return "Argo CD", f"annotation {k}={ann[k]}"
     for k in ARGOCD_TRACKING_LABELS:
         if k in labels:
-            return f"label {k}={labels[k]}"
+            return "Argo CD", f"label {k}={labels[k]}"
+    for k in FLUX_TRACKING_LABELS:
+        if k in labels:
+            return "Flux", f"label {k}={labels[k]}"
     return None
 
 
 def check_shape(ro: dict, container: str | None) -> str:
     """Refuse a Rollout the drill cannot handle; returns the application container's name."""
     where = f"rollout {ro['metadata']['namespace']}/{ro['metadata']['name']}"
-    spec = ro.get("spec") or {}
+    spec = ro.get("spec") if isinstance(ro.get("spec"), dict) else {}
     if spec.get("workloadRef"):
         raise Refused(f"{where} uses workloadRef: the drill rolls back spec.template, which this Rollout does not "
                       f"have")
-    canary = (spec.get("strategy") or {}).get("canary")
-    if canary is None or not canary.get("trafficRouting"):
+    strategy = spec.get("strategy")
+    canary = strategy.get("canary") if isinstance(strategy, dict) else None
+    if not isinstance(canary, dict) or not canary.get("trafficRouting"):
         raise Refused(f"{where} is not a canary with traffic routing")
     steps = canary.get("steps")
+    if isinstance(steps, list) and not all(isinstance(s, dict) and len(s) == 1 for s in steps):
+        bad = next(i for i, s in enumerate(steps) if not (isinstance(s, dict) and len(s) == 1))
+        raise Refused(f"{where}: canary step {bad} is not an object with one field ({steps[bad]!r})"[:300])
     if not isinstance(steps, list) or not any("setWeight" in s for s in steps if isinstance(s, dict)):
         raise Refused(f"{where} has no canary setWeight steps ({'steps: null' if 'steps' in canary else 'no steps'}"
                       f"{'' if not isinstance(steps, list) else ': ' + steps_text(steps)}): the backward search has "
@@ -154,10 +175,11 @@ def preflight(api, target: LiveTarget, sync_paused: bool) -> dict:
     if lease:
         raise Refused(f"rollout {namespace}/{name} is held by another drill ({LEASE_ANNOTATION}: "
                       f"{describe_lease(lease)})")
-    tracked = argocd_tracking(ro)
+    tracked = gitops_tracking(ro)
     if tracked and not sync_paused:
-        raise Refused(f"rollout {namespace}/{name} looks managed by Argo CD ({tracked}; self-heal would revert "
-                      f"the drill): pause its sync and pass --sync-paused")
+        how = "pause its sync" if tracked[0] == "Argo CD" else "suspend its reconciliation (flux suspend)"
+        raise Refused(f"rollout {namespace}/{name} looks managed by {tracked[0]} ({tracked[1]}; its reconciliation "
+                      f"would revert the drill): {how} and pass --sync-paused")
     app = check_shape(ro, target.container)
     st = ro.get("status") or {}
     if st.get("abort"):
@@ -202,14 +224,20 @@ def run_live_b(args, duration: float, log=None) -> int:
     """Lane B live: the next deploy of the named Rollout, watched read-only (the gate: allowlist, opt-in label)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     target = check_inputs(args)
-    api = kube.new_client(target.kubeconfig, target.context)
-    try:
-        check_namespace(api, target.namespace)
-        Rollouts(api, target.namespace).get(target.rollout)
-        version = controller_image_version(api)
+    api = None
+    try:                # one deadline for the whole preflight (the credentials included), retries inside it
+        with kube.deadline(kube.read_timeout(), "live preflight"):
+            api = kube.new_client(target.kubeconfig, target.context)
+            check_namespace(api, target.namespace)
+            Rollouts(api, target.namespace).get(target.rollout)
+            version = args.controller or controller_image_version(api)
     except ApiException as e:
         if e.status == 404:
             raise Refused(f"rollout {target.namespace}/{target.rollout} does not exist") from None
+        raise kube.unreachable(e, api, "live preflight") from None
+    except (BadInput, Interrupted):
+        raise
+    except Exception as e:   # a failure of the read-only preflight: nothing was mutated
         raise kube.unreachable(e, api, "live preflight") from None
     if args.dry_run:
         print(f"dry-run: would watch {target.namespace}/{target.rollout} read-only for up to {duration:.0f}s; "
@@ -244,10 +272,12 @@ def server_version(api) -> str | None:
 def run_live(args, log=None) -> int:
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     target = check_inputs(args)
-    api = kube.new_client(target.kubeconfig, target.context)
-    try:
-        pre = preflight(api, target, args.sync_paused)
-        version = controller_image_version(api)
+    api = None
+    try:                # one deadline for the whole preflight (the credentials included), retries inside it
+        with kube.deadline(kube.read_timeout(), "live preflight"):
+            api = kube.new_client(target.kubeconfig, target.context)
+            pre = preflight(api, target, args.sync_paused)
+            version = args.controller or controller_image_version(api)
     except (BadInput, Interrupted):
         raise
     except Exception as e:   # a failure of the read-only preflight: nothing was mutated

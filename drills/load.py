@@ -90,6 +90,74 @@ def check_target(url: str, target: str = "embedded") -> str:
     return url
 
 
+# cloud metadata services (credentials live there) and the API server's in-cluster names: never a load target
+METADATA_NAMES = ("metadata", "metadata.google.internal", "metadata.goog", "instance-data",
+                  "instance-data.ec2.internal", "metadata.azure.com", "metadata.tencentyun.com")
+API_SERVER_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
+METADATA_ADDRESSES = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"),
+                      ipaddress.ip_network("fd00:ec2::254/128"), ipaddress.ip_network("100.100.100.200/32"),
+                      ipaddress.ip_network("192.0.0.192/32"))
+
+
+def _addresses(host: str) -> set:
+    """Every address ``host`` stands for: a literal (the shorthand forms too: 2852039166, 0xa9.0xfe.0xa9.0xfe), else
+    what it resolves to (empty when it does not resolve here)."""
+    bare = host.split("%", 1)[0]
+    try:
+        return {ipaddress.ip_address(bare)}
+    except ValueError:
+        pass
+    try:
+        return {ipaddress.ip_address(socket.inet_aton(bare))}
+    except OSError:
+        pass
+    try:
+        return {ipaddress.ip_address(ai[4][0].split("%", 1)[0]) for ai in socket.getaddrinfo(bare, None)}
+    except (OSError, UnicodeError, ValueError):
+        return set()
+
+
+def _port(parts) -> int | None:
+    try:
+        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None
+
+
+def check_live_target(url: str, api_server: str | None = None) -> str:
+    """The live --service-url: an http(s) URL that is neither the API server's own address (the load would go to
+    the control plane) nor a link-local or cloud metadata address (169.254.0.0/16, fe80::/10, fd00:ec2::254, ...).
+    LoadRefused otherwise; nothing is sent to check it (a name is resolved, nothing more)."""
+    check_target(url, target="live")
+    parts = urlsplit(url)
+    try:
+        parts.port
+    except ValueError:
+        raise LoadRefused(f"load target {url!r}: not a valid port") from None
+    host = (parts.hostname or "").rstrip(".").lower()
+    if host in METADATA_NAMES:
+        raise LoadRefused(f"refusing load to {url}: {host} is a cloud metadata service")
+    if host in API_SERVER_NAMES:
+        raise LoadRefused(f"refusing load to {url}: {host} is the API server's in-cluster name")
+    addrs = _addresses(host)
+    for a in addrs:
+        a4 = a.ipv4_mapped if a.version == 6 and a.ipv4_mapped else a
+        if any(a4 in net for net in METADATA_ADDRESSES if net.version == a4.version) or a4.is_link_local:
+            raise LoadRefused(f"refusing load to {url}: {host} is a link-local or cloud metadata address ({a})")
+        if a4.is_unspecified or a4.is_multicast:
+            raise LoadRefused(f"refusing load to {url}: {a} is not a service address")
+    if api_server:
+        api = urlsplit(api_server)
+        api_host = (api.hostname or "").rstrip(".").lower()
+        api_addrs = _addresses(api_host)
+        loopback = bool(addrs) and bool(api_addrs) and all(a.is_loopback for a in addrs | api_addrs)
+        same_host = host == api_host or bool(addrs & api_addrs) or loopback
+        if same_host and _port(parts) == _port(api):
+            raise LoadRefused(f"refusing load to {url}: it is the API server's own address ({api_server}); give "
+                              f"the stage service's URL")
+    return url
+
+
 @dataclass
 class LoadSpec:
     host: str

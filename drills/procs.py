@@ -211,3 +211,38 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, lo
         except OSError:
             return False
     until(f"{url} to answer 200", ready, timeout=timeout, interval=0.1)
+
+
+def run_bounded(cmd: list[str], timeout: float, env: dict | None = None, cwd: str | Path | None = None,
+                input: str | None = None) -> subprocess.CompletedProcess:
+    """Run a child to its end under ``timeout``: in a process group of its own (the product created it, so it may
+    signal it), dying with its parent.  On a timeout or any exception while it runs (a signal included) its whole
+    group is killed and reaped before the exception goes on: nothing it started is left behind.  TimeoutExpired
+    propagates; the output is text."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            start_new_session=True, preexec_fn=die_with_parent)
+    try:
+        out, err = proc.communicate(input, timeout=timeout)
+    except BaseException:
+        kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group ``proc`` leads (started with start_new_session) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass

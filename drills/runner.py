@@ -379,10 +379,7 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     metas = []
     for d in run_dirs:
-        try:
-            metas.append((Path(d), json.loads((Path(d) / "run.json").read_text())))
-        except (OSError, ValueError) as e:
-            raise BadInput(f"{d}: not a run folder of drills run (no readable run.json: {e})") from None
+        metas.append((Path(d), legsmod.read_run_meta(Path(d))))
     digests = {m.get("plan_digest") for _, m in metas}
     if len(digests) != 1:
         raise BadInput(f"the run folders come from different plans ({', '.join(sorted(map(str, digests)))}): plan "

@@ -31,11 +31,10 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import config, kube
+from . import config, inputs, kube
 from .cluster.namespaces import OPT_IN_VALUE as NAMESPACE_LABEL_VALUE
 from .errors import BadInput, Refused
 from .journal_file import (DIGEST_KEY, canonical, digest_of, drill_running, edited_original, read_json, unsigned,
@@ -62,15 +61,13 @@ def allowed_contexts(config_file: Path | None = None) -> set[str]:
     """The allowlisted contexts of the config file; Refused when the file is not what it must be."""
     path = Path(config_file or config.user_config_file())
     try:
-        data = yaml.safe_load(path.read_text())
+        data = inputs.load_yaml_file(path, what="config file")
     except FileNotFoundError:
         return set()
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise Refused(f"{path}: cannot read it: {e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise Refused(f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    except BadInput as e:                  # not UTF-8, not YAML, over the size, depth or alias budget
+        raise Refused(str(e)) from None
     if data is None:
         return set()
     if not isinstance(data, dict):
@@ -482,9 +479,15 @@ def restore_journal(path: Path, allow: list[str] | None = None, log=None) -> boo
     if not (kc and ctx and isinstance(kc, str) and isinstance(ctx, str)):
         raise JournalError(f"journal {j.path}: names no kubeconfig/context to restore on")
     check_context(ctx, embedded=False, allow=allow)
-    api = kube.new_client(kc, ctx)
-    for ns in sorted({k.split("/", 1)[0] for k in j.data["rollouts"]}):
-        check_namespace(api, ns)
+    try:        # the read-only preflight: one deadline; a signal here leaves the journal as it was, and says so
+        with SignalGuard(), kube.deadline(kube.read_timeout(), "restore preflight"):
+            api = kube.new_client(kc, ctx)
+            for ns in sorted({k.split("/", 1)[0] for k in j.data["rollouts"]}):
+                check_namespace(api, ns)
+    except Interrupted as e:
+        raise Interrupted(e.signum, f"{e} during the restore's preflight: nothing was sent and the journal {j.path} "
+                                    f"is untouched (state {j.state}); finish it with: drills restore --journal "
+                                    f"{j.path}") from None
     with SignalGuard() as guard:
         try:
             return restore_with_guard(j, api, log=log, guard=guard)

@@ -80,5 +80,7 @@ class SignalGuard:
                 signal.signal(s, signal.SIG_IGN)
             return False
         for s, h in self._old.items():
+            if signal.getsignal(s) is signal.SIG_IGN and h is not signal.SIG_IGN:
+                continue        # a guard inside this one went quiet before the process exits: keep ignoring
             signal.signal(s, h)
         return False

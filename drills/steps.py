@@ -6,6 +6,7 @@ import re
 _PAUSE_RE = re.compile(r"^pause(?::([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)?)?$", re.ASCII)
 _WEIGHT_RE = re.compile(r"^[0-9]{1,3}$", re.ASCII)
 MAX_STEPS = 64
+MAX_PAUSE_S = 24 * 3600          # a timed pause longer than a day is no drill's step
 NO_STEPS = ("none", "[]")
 
 
@@ -33,6 +34,9 @@ def parse_steps(text: str | None) -> list[dict]:
         if m.group(1) is None:
             steps.append({"pause": {}})
         else:
+            seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+            if not seconds <= MAX_PAUSE_S:
+                raise ValueError(f"pause {raw!r}: a timed pause is at most {MAX_PAUSE_S // 3600}h")
             steps.append({"pause": {"duration": f"{m.group(1)}{m.group(2) or 's'}"}})
     return steps
 

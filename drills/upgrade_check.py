@@ -14,6 +14,7 @@ answer per side (drills.answer's headline) and the new hazards, which the consol
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,7 +24,7 @@ from .answer import headline
 from .branches import SourceMapError, find_branches, source_file
 from .controller_binary import ControllerBinaryError, inspect_binary
 from .errors import EXIT_BAD_INPUT, BadInput
-from .ledger import INCONCLUSIVE, read_rows
+from .ledger import INCONCLUSIVE, new_run_id, read_rows
 from .report import write_matrix, write_run_report
 from .upgrade_report import UPGRADE_FILE
 from .viewmodel import is_run_dir
@@ -119,6 +120,34 @@ def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[
     return code, changes
 
 
+def _evidence_from(run_dir: Path, evidence):
+    """A row's evidence as a path that holds from another run folder (the evidence stays where it was recorded)."""
+    if not evidence or Path(str(evidence)).is_absolute():
+        return evidence
+    return str((Path(run_dir) / str(evidence)).resolve())
+
+
+def classification_folder(dirs: list[Path], sides: Sides, rows: list[dict]) -> Path:
+    """The new run folder of `upgrade-check --runs`: the rows it classified (their evidence where it was recorded),
+    what it read them from, and (by classify_run) upgrade.json and the report.  Never inside an input folder: the
+    run folders it reads are left as they were."""
+    run_id = new_run_id()
+    run_dir = config.reports_dir() / run_id
+    for d in dirs:
+        try:
+            run_dir.resolve().relative_to(d.resolve())
+        except ValueError:
+            continue
+        raise BadInput(f"--runs {d}: the reports folder is inside it, so the classification would be written into "
+                       f"an input run folder; set DRILLS_REPORTS elsewhere")
+    run_dir.mkdir(parents=True, exist_ok=False)
+    (run_dir / "ledger.json").write_text(json.dumps(rows, indent=2, default=str))
+    (run_dir / "run.json").write_text(json.dumps({
+        "run_id": run_id, "classified_from": [str(d) for d in dirs], "legs": [],
+        "upgrade": {"baseline": sides.baseline, "candidate": sides.candidate}}, indent=1))
+    return run_dir
+
+
 def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upgrade.Change], Sides]:
     keys = lanes.resolve(args.lanes or "all")
     if args.jobs is not None and not 1 <= args.jobs <= 64:
@@ -129,10 +158,16 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
         bad = [str(d) for d in dirs if not is_run_dir(d)]
         if bad:
             raise BadInput(f"--runs: not a run folder (no ledger.json): {', '.join(bad)}")
-        rows = [r for d in dirs for r in read_rows(d / "ledger.json")]
-        code, changes = classify_run(dirs[0], rows, sides, keys)
-        write_run_report(dirs[0])
-        return code, dirs[0], changes, sides
+        rows = [dict(r, evidence=_evidence_from(d, r.get("evidence"))) for d in dirs
+                for r in read_rows(d / "ledger.json")]
+        run_dir = classification_folder(dirs, sides, rows)
+        try:
+            code, changes = classify_run(run_dir, rows, sides, keys)
+        except BadInput:
+            shutil.rmtree(run_dir, ignore_errors=True)     # nothing to classify: no half-made folder is left
+            raise
+        write_run_report(run_dir)
+        return code, run_dir, changes, sides
     base = legs.plan([sides.baseline], keys, args.variant)
     if sides.binary:
         cand = legs.plan([sides.binary.release], keys, args.variant, label=sides.binary.label)
@@ -146,7 +181,7 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
                                          keep_cluster=args.keep_cluster, meta=meta, log=log)
     if run_code == EXIT_BAD_INPUT:
         return EXIT_BAD_INPUT, run_dir, [], sides
-    run_doc = json.loads((run_dir / "run.json").read_text())
+    run_doc = legs.read_run_meta(run_dir)
     leg_rows = {x["id"]: x for x in run_doc.get("legs", [])}
     # a leg that ended without any row of its own (its cluster or pytest could not run) leaves its side unknown
     inconclusive = 0

@@ -3,10 +3,11 @@ changed drill in one picture (from run_dir/upgrade.json, written by drills.upgra
 history of what changed from one tested release to the next (drills.upgrade's classes)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from . import inputs
 from .config import SUPPORTED_CONTROLLERS
+from .errors import BadInput
 from .plots import plot_pair
 from .upgrade import REGRESSED, SAME, classify_neighbours
 from .viewmodel import cell, fmt_value, href, md_target, rel, series_of
@@ -27,8 +28,8 @@ def _side_series(run_dir: Path, rows: list[dict], side: dict | None, lane: str, 
         sp = series_of(run_dir, ev)
         if sp is not None:
             try:
-                data = json.loads(sp.read_text())
-            except (OSError, ValueError):
+                data = inputs.load_json_file(sp, inputs.RECORD_BYTES, "series")
+            except (OSError, BadInput):
                 continue
             if isinstance(data, dict):
                 return data
@@ -38,8 +39,8 @@ def _side_series(run_dir: Path, rows: list[dict], side: dict | None, lane: str, 
 def upgrade_section(run_dir: Path, rows: list[dict]) -> dict | None:
     """The change table of run_dir/upgrade.json, changes first, then both timelines of each changed drill."""
     try:
-        doc = json.loads((run_dir / UPGRADE_FILE).read_text())
-    except (OSError, ValueError):
+        doc = inputs.load_json_file(run_dir / UPGRADE_FILE, inputs.RECORD_BYTES, UPGRADE_FILE)
+    except (OSError, BadInput):
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("changes"), list):
         return None

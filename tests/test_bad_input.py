@@ -109,12 +109,12 @@ def test_unusable_kubeconfig_is_exit_2(tmp_path, drills_cmd, status_server_facto
     else:
         kc = kubeconfig_to(tmp_path / "kc", srv.url, user={"exec": {
             "apiVersion": "client.authentication.k8s.io/v1beta1", "command": "/bin/false", "args": []}})
-        needle = "401"
+        needle = "exec plugin /bin/false failed (exit 1)"    # never a request without its credentials
     drills_cmd.config.write_text("allowed_contexts: [stage]\n")
     r = drills_cmd("run", "--kubeconfig", kc, "--context", "stage", "--namespace", "ns", "--rollout", "r")
     assert r.returncode == 2, r.stderr
     assert needle in _one_line_error(r)
-    assert srv.mutations == []
+    assert srv.requests == []
 
 
 # --- 8. input is checked before the first mutating request ---------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,5 +86,7 @@ def test_upgrade_check_classifies_the_run_from_the_first_version_to_the_last(lan
         assert code == 1 and hazard["new_hazard"] and doc["new_hazards"], (code, doc["new_hazards"])
         assert list(doc)[:2] == ["headlines", "new_hazards"]
         assert by_step[("a", "before")]["class"] == by_step[("a", "after")]["class"] == "same", by_step
-    md = (run_dir / "report.md").read_text()
+    classified = Path(re.search(r"run folder: (\S+)", out).group(1))     # a new run folder, never the input's
+    assert classified != run_dir and not (run_dir / "upgrade.json").exists()
+    md = (classified / "report.md").read_text()
     assert f"## Upgrade check: {versions[0]} → {versions[-1]}" in md

@@ -424,8 +424,13 @@ def _identical_run(tmp_path: Path, run: Path) -> Path:
     return out
 
 
+def _tree(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
 def test_upgrade_check_on_recorded_runs_writes_the_change_table_and_both_timelines(tmp_path):
     run = _one_run_folder(tmp_path)
+    before = _tree(run)
     r = subprocess.run([sys.executable, "-m", "drills", "upgrade-check", "--from", "v1.8.2", "--to", "v1.10.2",
                         "--runs", str(run), "--lanes", "a,order,abort"], capture_output=True, text=True, timeout=300,
                        cwd=str(config.project_root()), env={**os.environ, "DRILLS_REPORTS": str(tmp_path / "reports")})
@@ -439,6 +444,10 @@ def test_upgrade_check_on_recorded_runs_writes_the_change_table_and_both_timelin
                         "replicaProgressThreshold {type: Pods} (100)"), first
     assert "v1.8.2 -> v1.10.2:" in r.stdout and "improved" in r.stdout, r.stdout
     assert "!! DANGER: the prescription no longer holds" in r.stdout, r.stdout
+    assert _tree(run) == before                            # the input run folder is left exactly as it was
+    run = Path(r.stdout.split("run folder: ", 1)[1].split()[0])
+    assert run.parent == tmp_path / "reports" and json.loads((run / "run.json").read_text())["classified_from"] == \
+        [str(tmp_path / "reports" / "20261201T000000Z-1")]
     doc = json.loads((run / "upgrade.json").read_text())
     assert doc["counts"]["new"] == 1 and doc["counts"]["improved"] == 1 and doc["counts"]["regressed"] == 0, doc
     assert doc["exit"] == 1 and list(doc)[:2] == ["headlines", "new_hazards"] and len(doc["new_hazards"]) == 1

@@ -202,7 +202,20 @@ def junit(records, verification: list | None = None) -> ET.Element:
     return root
 
 
+# characters XML 1.0 cannot carry, even escaped (a control character in a Rollout's name, say)
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(text):
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text) if isinstance(text, str) else text
+
+
 def write_junit(records, path: str | Path, verification: list | None = None) -> None:
-    tree = ET.ElementTree(junit(records, verification))
+    root = junit(records, verification)
+    for el in root.iter():          # every text and attribute made writable as XML (shown as \xNN)
+        el.text, el.tail = _xml_text(el.text), _xml_text(el.tail)
+        for k, v in list(el.attrib.items()):
+            el.set(k, _xml_text(v))
+    tree = ET.ElementTree(root)
     ET.indent(tree)
     tree.write(str(path), encoding="utf-8", xml_declaration=True)

@@ -14,6 +14,8 @@ from ..cluster import EmbeddedCluster
 from ..errors import combine_exit_codes
 from ..fleet import base_sources
 from ..helm import Helm, HelmError
+from ..kubeconfig import files_of
+from ..outputs import check_distinct, check_output, reports_folder
 from ..lanes.base import LaneContext
 from ..lanes.scan import LaneScan
 from ..ledger import Ledger, exit_code, new_run_id
@@ -23,7 +25,7 @@ from .ci import write_junit, write_sarif
 from .fleet import FleetScan
 from .live import contexts, read_cluster
 from .model import ScanInputError
-from .readers import read_manifests
+from .readers import manifest_paths, read_manifests
 from .records import evaluate, table, to_json, version_order
 from .sources import SourceMapError, facts_for
 from .verify import pick
@@ -37,7 +39,10 @@ DEFAULT_FAIL_ON = "lint,exposed"
 def _fail_on(text: str) -> set[str]:
     items = {t.strip() for t in (DEFAULT_FAIL_ON if text is None else text).split(",") if t.strip()}
     bad = items - set(FAIL_ON)
-    if bad or not items:
+    if not items:
+        raise ScanInputError(f"--fail-on {text!r}: empty (an unset CI variable?); choose exposed, lint "
+                             f"(comma-separated) or none: an empty gate is never taken for none")
+    if bad:
         raise ScanInputError(f"--fail-on {text!r}: choose exposed, lint (comma-separated) or none")
     return items - {"none"}
 
@@ -74,10 +79,34 @@ def _check(args) -> None:
         raise ScanInputError("--stdin-name names the manifests read from standard input: give a path with '-'")
 
 
+def _check_outputs(args) -> None:
+    """--sarif and --junit checked before anything is read or written: writable, not an input, not inside a run
+    folder, not the same file (drills.outputs)."""
+    if args.sarif is None and args.junit is None:
+        return
+    files = manifest_paths(args.inputs) if args.inputs else []
+    if args.kubeconfig or args.context or args.all_contexts:
+        files += files_of(args.kubeconfig)
+    folders = [i for i in args.inputs if i != "-" and Path(i).is_dir()]
+    whole = [d for d in (args.fleet, args.charts, args.source) if d]
+    for flag, path in (("--sarif", args.sarif), ("--junit", args.junit)):
+        if path is not None:
+            check_output(path, flag, inputs=files, input_folders=folders, whole_folders=whole)
+    check_distinct({"--sarif": args.sarif, "--junit": args.junit})
+
+
+def _write(path: str, writer, *what) -> None:
+    Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    writer(*what, path)
+
+
 def run(args, stdout=None, stdin=None, log=_log) -> int:
     out = stdout or sys.stdout
     _check(args)
     fail_on = _fail_on(args.fail_on)
+    _check_outputs(args)
+    if args.verify:
+        reports_folder()
     versions = resolve_controller_versions(args.controller)
     facts_cache: dict = {}
 
@@ -142,9 +171,9 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
     except BrokenPipeError:                    # a reader such as `head` closed the pipe: the exit code still counts
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
     if args.sarif:
-        write_sarif(records, args.sarif)
+        _write(args.sarif, write_sarif, records)
     if args.junit:
-        write_junit(records, args.junit, verification)
+        _write(args.junit, lambda recs, path: write_junit(recs, path, verification), records)
     if "exposed" in fail_on and any(r.exposed or (r.pred and r.pred.promotes_while_partial) for r in records):
         code = combine_exit_codes(code, 1)
     if "lint" in fail_on and any(r.lint_errors for r in records):

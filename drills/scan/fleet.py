@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from .. import inputs
+from ..errors import BadInput
 from ..fleet import BASE, Fleet, Workspace, base_dependency, load_values_file
 from ..helm import ChartInputError, Helm, HelmError
 from .model import ScanInputError
@@ -25,7 +27,6 @@ from .readers import ReadResult, display_path, rollouts_of
 from .yamlstream import objects
 
 STEPS_KEYS = ["rollout", "canary", "steps"]
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class Progress:
@@ -72,9 +73,10 @@ class _ValuesIndex:
     def _node(self, path: Path):
         key = str(path)
         if key not in self.nodes:
-            try:
-                self.nodes[key] = yaml.compose(path.read_text(), Loader=_LOADER)
-            except (OSError, yaml.YAMLError):
+            try:           # read under the input budget (the layers were checked already)
+                docs = inputs.compose_all(inputs.read_text(path, inputs.FILE_BYTES, "values file"), path)
+                self.nodes[key] = docs[0] if docs else None
+            except (OSError, BadInput):
                 self.nodes[key] = None
         return self.nodes[key]
 
@@ -82,11 +84,11 @@ class _ValuesIndex:
         key = (str(path), tuple(prefix))
         with self.lock:
             if key not in self.cache:
-                self.cache[key] = self._find(self._node(path), prefix)
+                self.cache[key] = self._find(self._node(path), prefix, path)
             return self.cache[key]
 
     @staticmethod
-    def _find(node, prefix: list[str]):
+    def _find(node, prefix: list[str], path=None):
         key_node = None
         for k in prefix + STEPS_KEYS:
             nxt = None
@@ -99,7 +101,10 @@ class _ValuesIndex:
             key_node, node = nxt
         if not isinstance(node, yaml.SequenceNode):
             return [], [], key_node.start_mark.line + 1
-        value = yaml.load(yaml.serialize(node), Loader=_LOADER)
+        try:
+            value = inputs.construct(node, path)
+        except BadInput:
+            return None
         return (value if isinstance(value, list) else [], [n.start_mark.line + 1 for n in node.value],
                 key_node.start_mark.line + 1)
 
@@ -200,8 +205,7 @@ class FleetScan:
                                          display_path(self.fleet.root / chart.relative_to(work))) from None
                 chart_digest[chart] = _digest_tree(chart)
                 prog.step()
-            with ThreadPoolExecutor(self.workers) as pool:
-                list(pool.map(vendor, charts))
+            self._each(vendor, charts)
             keys = {}
             for a in apps:
                 h = hashlib.sha256(chart_digest[ws.chart_dir(a)].encode())
@@ -222,13 +226,23 @@ class FleetScan:
                     raise ScanInputError(f"helm template of app {a.name} ({a.env}) failed: {e}",
                                          display_path(a.source)) from None
                 prog.step(sum(1 for b in apps if keys[b] == key))
-            with ThreadPoolExecutor(self.workers) as pool:
-                list(pool.map(render, list(unique)))
+            self._each(render, list(unique))
             parsed = {k: objects(t, f"render of {unique[k].name}") for k, t in rendered.items()}
             for a in apps:
                 self._collect(ws, a, values[a], parsed[keys[a]], res)
             self.stats.update(apps=len(apps), renders=len(apps), unique_renders=len(unique), charts=len(charts))
         return res
+
+    def _each(self, fn, items: list) -> None:
+        """``fn`` over ``items`` in the worker threads; a signal (or an error) cancels what has not started, so the
+        command ends when the renders under way end, not after every queued one."""
+        pool = ThreadPoolExecutor(self.workers)
+        try:
+            list(pool.map(fn, items))
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
 
     def _collect(self, ws: Workspace, a, value_paths: list[Path], objs, res: ReadResult) -> None:
         label = f"fleet:{a.env}/{a.name}"

@@ -15,10 +15,10 @@ import re
 from dataclasses import dataclass, field
 
 from kubernetes import client
-from kubernetes import config as kconfig
 
 from .. import __version__, config, kube
 from ..errors import BadInput
+from ..kubeconfig import contexts as kubeconfig_contexts
 from .model import ScanInputError, from_object
 
 USER_AGENT = f"drills-scan/{__version__}"     # the scan's requests are told apart in the apiserver's audit log
@@ -52,14 +52,9 @@ def contexts(kubeconfig: str | None, context: str | None, all_contexts: bool) ->
     """(kubeconfig file, context) pairs to read, resolved as kubectl resolves them (drills.kube)."""
     if not all_contexts:
         return [kube.resolve_kubeconfig(kubeconfig, context)]
-    try:
-        ctxs, _ = kconfig.list_kube_config_contexts(config_file=kubeconfig)
-    except Exception as e:                       # the loader raises many kinds for a malformed file
-        raise ScanInputError(f"kubeconfig: {' '.join(str(e).split())[:300]}", kubeconfig) from None
-    names = [c["name"] for c in ctxs or []]
+    kc, names = kubeconfig_contexts(kubeconfig)
     if not names:
-        raise ScanInputError("kubeconfig has no contexts", kubeconfig)
-    kc, _ = kube.resolve_kubeconfig(kubeconfig, names[0])
+        raise ScanInputError("kubeconfig has no contexts", kc)
     return [(kc, name) for name in names]
 
 
@@ -115,11 +110,20 @@ def read_cluster(kubeconfig: str, context: str, namespace: str | None = None, se
         return ClusterInventory(context, None, None, **scope,
                                 error=kube.describe(e, kube.server_of(api), "listing Rollouts"))
     inv = ClusterInventory(context, version, where, **scope)
-    for obj in items.get("items") or []:
-        md = obj.get("metadata") or {}
+    items = items.get("items") if isinstance(items, dict) else items
+    items = [] if items is None else items
+    if not isinstance(items, list):
+        return ClusterInventory(context, version, where, **scope, error=f"listing Rollouts: the API server answered "
+                                                                         f"items that are not a list "
+                                                                         f"({type(items).__name__})")
+    for i, obj in enumerate(items):
+        if not isinstance(obj, dict):
+            return ClusterInventory(context, version, where, **scope, error=f"listing Rollouts: item {i} is not an "
+                                                                             f"object ({obj!r})"[:300])
+        md = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         ro = from_object(obj, f"cluster:{context}/{md.get('namespace')}/{md.get('name')}")
         ro.origin = {"cluster": context, "controller": where}
         for v in controllers or [version or ""]:
             inv.specs.append(dataclasses.replace(ro, controller_version=v, origin=dict(ro.origin)))
-    inv.rollouts = len(items.get("items") or [])
+    inv.rollouts = len(items)
     return inv

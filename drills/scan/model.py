@@ -69,7 +69,10 @@ class ScannedRollout:
 
 
 # --- reading a Kubernetes object --------------------------------------------------------------------------
-def _int(value, what: str, file, line, minimum: int = 0, maximum: int | None = None) -> int:
+INT32_MAX = 2**31 - 1          # Kubernetes' integer fields are int32: anything larger is no Rollout the API accepts
+
+
+def _int(value, what: str, file, line, minimum: int = 0, maximum: int | None = INT32_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or \
             (maximum is not None and value > maximum):
         bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"

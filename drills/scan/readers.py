@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import inputs
 from .model import ROLLOUT_KINDS, ScanInputError, from_object
 from .yamlstream import objects
 
@@ -52,27 +53,25 @@ def manifest_paths(inputs: list[str]) -> list[str]:
             out.extend(found)
         elif p.is_file():
             out.append(str(p))
+        elif p.exists():
+            raise ScanInputError("not a regular file or folder", str(p))
         else:
             raise ScanInputError("no such file or folder", str(p))
     return out
 
 
 def read_text(path: str, stdin=None) -> str:
-    if path == STDIN:
-        src = stdin if stdin is not None else sys.stdin
-        raw = src.buffer.read() if hasattr(src, "buffer") else src.read()
-        if isinstance(raw, str):
-            return raw
-    else:
-        try:
-            raw = Path(path).read_bytes()
-        except OSError as e:
-            raise ScanInputError(f"cannot read: {e.strerror}", display_path(path)) from None
+    """A manifest file or standard input as text, read under the stream budget (drills.inputs)."""
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise ScanInputError("not UTF-8 text", display_path(path), line) from None
+        if path == STDIN:
+            raw = inputs.read_stream(stdin if stdin is not None else sys.stdin, inputs.STREAM_BYTES, "<stdin>")
+        else:
+            raw = inputs.read_bytes(path, inputs.STREAM_BYTES, "manifest")
+        return inputs.decode(raw, display_path(path))
+    except inputs.InputError as e:
+        raise ScanInputError(e.problem, display_path(path), e.line) from None
+    except OSError as e:
+        raise ScanInputError(f"cannot read: {e.strerror or e}", display_path(path)) from None
 
 
 def rollouts_in(text: str, label: str, controller_version: str = "", default_namespace: str = "default",

@@ -1,0 +1,176 @@
+"""Signals and timeouts outside the drill: a signal ends every command with exit 3 and one line saying what it did
+(whatever disposition the command inherited), a child it waits for goes with it, and a preflight has one deadline
+with its retries inside it (no cluster needed)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from apistub import StubAPI, kubeconfig_for, namespace, rollout_path
+from drills.procs import pid_alive
+from drills.safety import Journal
+from drills.wait import until
+
+ROOT = Path(__file__).resolve().parent.parent
+ROLLOUT = """apiVersion: argoproj.io/v1alpha1
+kind: Rollout
+metadata: {{name: r{i}, namespace: shop}}
+spec:
+  replicas: 4
+  rollbackWindow: {{revisions: 3}}
+  template: {{metadata: {{labels: {{app: r{i}}}}}, spec: {{containers: [{{name: app, image: "img:{i}"}}]}}}}
+  strategy:
+    canary:
+      trafficRouting: {{istio: {{virtualService: {{name: vs}}, destinationRule: {{name: dr}}}}}}
+      steps: [{{setWeight: 5}}, {{pause: {{duration: 10s}}}}, {{setWeight: 100}}]
+"""
+
+
+def env_for(tmp: Path, **extra) -> dict:
+    e = dict(os.environ, DRILLS_REPORTS=str(tmp / "reports"), DRILLS_CONFIG=str(tmp / "config.yaml"),
+             PYTHONPATH=str(ROOT))
+    e.pop("KUBECONFIG", None)
+    e.update(extra)
+    return e
+
+
+def start(args, tmp: Path, stdin=None, ignore_sigint: bool = False, **env) -> subprocess.Popen:
+    def preexec():
+        if ignore_sigint:        # what a background job of a non-interactive shell inherits
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return subprocess.Popen([sys.executable, "-m", "drills", *map(str, args)], stdin=stdin, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env_for(tmp, **env), cwd=tmp, preexec_fn=preexec)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def interrupted(proc, out, err, signame: str) -> str:
+    assert proc.returncode == 3, (proc.returncode, out[-500:], err[-2000:])
+    lines = err.strip().splitlines()
+    assert lines and lines[-1].startswith("drills: ") and signame in lines[-1] and "Traceback" not in err, err
+    return lines[-1]
+
+
+@pytest.fixture
+def big_stream(tmp_path) -> Path:
+    """A manifest stream of ~50 MB (a large kubectl get -o yaml): long enough to be interrupted while read."""
+    one = "---\n".join(ROLLOUT.format(i=i) for i in range(200))
+    path = tmp_path / "stream.yaml"
+    with open(path, "w") as f:
+        while f.tell() < 50_000_000:
+            f.write(one + "---\n")
+    return path
+
+
+@pytest.mark.parametrize("ignored", [False, True], ids=["sigint", "sigint-inherited-ignored"])
+def test_sigint_during_a_large_stdin_scan_ends_it_without_presenting_output(tmp_path, big_stream, ignored):
+    with open(big_stream) as stdin:
+        proc = start(["scan", "-", "--json"], tmp_path, stdin=stdin, ignore_sigint=ignored)
+        until("the scan to read its stream", lambda: Path(f"/proc/{proc.pid}/fdinfo/0").exists() and
+              int(Path(f"/proc/{proc.pid}/fdinfo/0").read_text().split()[1]) > 0, timeout=120)
+        proc.send_signal(signal.SIGINT)
+        out, err = finish(proc)
+    interrupted(proc, out, err, "SIGINT")
+    assert out == ""              # no partial result presented as the scan's answer
+
+
+def test_sigterm_during_a_fleet_scan_says_it_was_interrupted(tmp_path):
+    proc = start(["scan", "--fleet", ROOT / "fixtures" / "fleet"], tmp_path)
+    lines: list[str] = []
+
+    def rendering() -> bool:
+        lines.append(proc.stderr.readline())
+        return "fleet" in lines[-1] or proc.poll() is not None
+    until("the fleet renders to start", rendering, timeout=300)
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc)
+    line = interrupted(proc, out, "".join(lines) + err, "SIGTERM")
+    assert "interrupted" in line and out == ""
+
+
+def _hanging_binary(tmp: Path) -> tuple[Path, Path]:
+    pids = tmp / "pids"
+    binary = tmp / "rollouts-controller"
+    binary.write_text(f"#!/bin/sh\necho $$ >> {pids}\nsleep 600 &\necho $! >> {pids}\nwait\n")
+    binary.chmod(0o755)
+    return binary, pids
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def test_a_hanging_to_binary_version_is_killed_on_sigint_with_its_children(tmp_path):
+    binary, pids = _hanging_binary(tmp_path)
+    proc = start(["upgrade-check", "--from", "v1.8.2", "--to-binary", binary, "--crds", tmp_path], tmp_path)
+    until("the binary and its child to start", lambda: len(_pids(pids)) == 2 or proc.poll() is not None, timeout=120)
+    proc.send_signal(signal.SIGINT)
+    out, err = finish(proc)
+    interrupted(proc, out, err, "SIGINT")
+    until("every process the binary started to be gone", lambda: not any(pid_alive(p) for p in _pids(pids)),
+          timeout=10)
+
+
+def test_a_hanging_to_binary_version_is_stopped_at_its_timeout_with_its_children(tmp_path):
+    binary, pids = _hanging_binary(tmp_path)
+    proc = start(["upgrade-check", "--from", "v1.8.2", "--to-binary", binary, "--crds", tmp_path], tmp_path)
+    out, err = finish(proc, timeout=180)
+    assert proc.returncode == 2 and "'--version' did not return within 20s" in err, err
+    assert len(_pids(pids)) == 2 and not any(pid_alive(p) for p in _pids(pids))
+
+
+def _journal(tmp: Path, server: str) -> Path:
+    kc = kubeconfig_for(tmp / "kc", server)
+    (tmp / "config.yaml").write_text("allowed_contexts: [stage]\n")
+    j = Journal(tmp / "run" / "journal.json", kubeconfig=str(kc), context="stage", run_id="run-1")
+    j.before_spec_change({"metadata": {"namespace": "shop", "name": "checkout"},
+                          "spec": {"template": {"spec": {"containers": [{"name": "app", "image": "img:1"}]}},
+                                   "strategy": {"canary": {"steps": [{"setWeight": 5}]}}}})
+    j.data["pid"] = 2 ** 22 + 1                  # the drill that wrote it is gone
+    j._save()
+    return j.path
+
+
+def test_sigterm_during_the_restore_preflight_leaves_the_journal_and_names_it(tmp_path, silent_server):
+    journal = _journal(tmp_path, silent_server.url.replace("https", "http"))
+    before = journal.read_bytes()
+    proc = start(["restore", "--journal", journal], tmp_path, DRILLS_REQUEST_TIMEOUT="120")
+    until("the restore's preflight to reach the API server", lambda: silent_server.accepted > 0 or
+          proc.poll() is not None, timeout=120)
+    proc.send_signal(signal.SIGTERM)
+    out, err = finish(proc)
+    line = interrupted(proc, out, err, "SIGTERM")
+    assert "preflight" in line and str(journal) in line and "untouched" in line, line
+    assert journal.read_bytes() == before
+
+
+def test_a_late_answer_ends_the_live_preflight_at_its_one_deadline(tmp_path):
+    api = StubAPI({"/api/v1/namespaces/shop": namespace("shop"),
+                   rollout_path("shop", "checkout"): (8, {"kind": "Rollout"})})
+    try:
+        kc = kubeconfig_for(tmp_path / "kc", api.url)
+        (tmp_path / "config.yaml").write_text("allowed_contexts: [stage]\n")
+        r = subprocess.run([sys.executable, "-m", "drills", "run", "--kubeconfig", kc, "--namespace", "shop",
+                            "--rollout", "checkout", "--dry-run"], capture_output=True, text=True, timeout=120,
+                           env=env_for(tmp_path, DRILLS_REQUEST_TIMEOUT="2"), cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        line = r.stderr.strip()
+        assert "\n" not in line and "did not answer within 2s" in line, line
+        # the retries happen inside the one deadline: the late read was asked once, not once per retry
+        assert api.gets(rollout_path("shop", "checkout")) == 1, api.requests
+        assert api.mutations == []
+    finally:
+        api.close()
+
