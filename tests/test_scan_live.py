@@ -135,7 +135,7 @@ def test_live_scan_takes_the_controller_a_namespace_and_a_selector(cluster, kube
                                            _labelled(name, {"team": team}))
     st = cluster.status()
     kc = st["kubeconfig"]
-    r = drills("scan", "--kubeconfig", kc, "-n", namespace, "--json")
+    r = drills("scan", "--fail-on", "none", "--allow-empty", "--kubeconfig", kc, "-n", namespace, "--json")
     assert r.returncode == 0, r.stderr
     unknown = json.loads(r.stdout)
     assert unknown["clusters"][0]["controller_version"] is None and len(unknown["rollouts"]) == 2
@@ -143,7 +143,7 @@ def test_live_scan_takes_the_controller_a_namespace_and_a_selector(cluster, kube
 
     other = "v1.10.2" if controller_version != "v1.10.2" else "v1.8.2"
     t0 = time.time()
-    r = drills("scan", "--kubeconfig", kc, "-n", namespace, "-l", "team=payments", "--controller", other, "--json")
+    r = drills("scan", "--fail-on", "none", "--allow-empty", "--kubeconfig", kc, "-n", namespace, "-l", "team=payments", "--controller", other, "--json")
     t1 = time.time()
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -153,13 +153,13 @@ def test_live_scan_takes_the_controller_a_namespace_and_a_selector(cluster, kube
     assert (pay["name"], pay["controller_version"], pay["predicted_peak_weight"], pay["exposed"]) == \
         ("pay", other, 100, True)
     assert pay["rule"]["id"] != "controller-unknown" and inv["rollouts"] == 1 and inv["exposed"] == 1
-    text = drills("scan", "--kubeconfig", kc, "-n", namespace, "--controller", f"{controller_version},{other}")
+    text = drills("scan", "--fail-on", "none", "--allow-empty", "--kubeconfig", kc, "-n", namespace, "--controller", f"{controller_version},{other}")
     assert text.returncode == 0 and f"predicted on {controller_version}, {other} (--controller)" in text.stdout
     assert f"namespace {namespace}" in text.stdout and "2 Rollouts" in text.stdout
 
-    every = json.loads(drills("scan", "--kubeconfig", kc, "-A", "-l", "team in (payments,shop)", "--json").stdout)
+    every = json.loads(drills("scan", "--fail-on", "none", "--allow-empty", "--kubeconfig", kc, "-A", "-l", "team in (payments,shop)", "--json").stdout)
     assert {x["name"] for x in every["rollouts"] if x["namespace"] == namespace} == {"pay", "cart"}
-    nowhere = json.loads(drills("scan", "--kubeconfig", kc, "-n", "drills-no-such-namespace", "--json").stdout)
+    nowhere = json.loads(drills("scan", "--fail-on", "none", "--allow-empty", "--kubeconfig", kc, "-n", "drills-no-such-namespace", "--json").stdout)
     assert nowhere["rollouts"] == [] and nowhere["clusters"][0]["error"] is None
     both = drills("scan", "--kubeconfig", kc, "-n", namespace, "-A")
     assert both.returncode == 2 and "give one" in both.stderr
