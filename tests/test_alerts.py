@@ -67,7 +67,7 @@ def test_the_drill_fixture_states_the_for_its_formula_gives():
     ramp = expected_ramp(r["replicas"], r["minPodsPerReplicaSet"], r["steps"][0]["setWeight"],
                          params=RampParams(readiness_s=float(a["readiness"].rstrip("s")), margin=a["margin"],
                                            pods_at_once=a["pods_at_once"]))
-    assert (ramp.ramp_s, ramp.for_s) == (8, 16)
+    assert (ramp.ramp_s, ramp.for_s) == (12, 24)
 
 
 # --- promtool ---------------------------------------------------------------------------------------------

@@ -9,13 +9,14 @@ from __future__ import annotations
 from ..errors import BadInput
 from .a import LaneA
 from .abort import LaneAbort
+from .alert import LaneAlert
 from .b import LaneB
 from .base import LaneContext, Runbook, StepFailed, step  # noqa: F401
 from .escape import LaneEscape
 from .order import LaneOrder
 from .scan import LaneScan
 
-LANES: tuple[type[Runbook], ...] = (LaneA, LaneB, LaneAbort, LaneOrder, LaneEscape, LaneScan)
+LANES: tuple[type[Runbook], ...] = (LaneA, LaneB, LaneAbort, LaneOrder, LaneEscape, LaneScan, LaneAlert)
 REGISTRY: dict[str, type[Runbook]] = {lane.key: lane for lane in LANES}
 DEFAULT_LANES = ("a", "b")
 
