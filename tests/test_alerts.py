@@ -214,3 +214,13 @@ def test_the_stand_in_writes_what_kube_state_metrics_would_with_the_config():
     assert metrics.CANARY_WEIGHT not in {m for m, *_ in metrics.ksm_samples(no_weights)}
     rc, out = promtool.check_metrics(metrics.exposition(metrics.ksm_samples(ROLLOUT), "(stand-in)"))
     assert rc == 0, out
+
+
+def test_prometheus_loads_the_rules_and_honours_the_targets_labels(tmp_path):
+    from drills.prometheus import scrape_config
+    conf = scrape_config({"argo-rollouts": "127.0.0.1:8090"}, 1.0, rule_files=[tmp_path / "rules.yaml"],
+                         honor_labels=True)
+    assert conf["rule_files"] == [str(tmp_path / "rules.yaml")]
+    assert conf["scrape_configs"][0]["honor_labels"] is True
+    assert "rule_files" not in scrape_config({"mesh": "127.0.0.1:1"}) and \
+        "honor_labels" not in scrape_config({"mesh": "127.0.0.1:1"})["scrape_configs"][0]
