@@ -9,8 +9,8 @@ real Prometheus on the real controller's metrics, through four Rollouts of the d
   own duration); ``promote --full`` is sent (the alert stays firing while the pods are held: the controller keeps
   the weight), then the hold is lifted and the alert resolves;
 - ``aborted``: a deploy paused on an indefinite pause, aborted: RolloutAborted fires; ``promote --full`` clears the
-  abort and resolves it.  (An abort sent while a revived ReplicaSet is partial does not take effect behind the
-  UpdateHash guard, lane A's exit: the stuck alert, not RolloutAborted, is what fires then.)
+  abort and resolves it.  (An abort sent while a revived ReplicaSet routed by subsets was partial was not acted on
+  until it was available in a v1.8.2 run, lane A's exit posture: the stuck alert, not RolloutAborted, fired then.)
 
 Prometheus scrapes the controller's /metrics and, for the weight, the step and the phase, the drill's stand-in for
 kube-state-metrics (drills.alerts.standin: kube-state-metrics cannot be built here).  Each alert's changes are
