@@ -275,6 +275,36 @@ def build_parser() -> argparse.ArgumentParser:
     _reports_dir(sc)
     sc.set_defaults(func=commands.cmd_scan)
 
+    al = sub.add_parser("alerts", help="Prometheus alerting rules for the Rollouts it reads: a rollback stuck at the "
+                                       "remaining rung, an aborted Rollout",
+                        description="Write Prometheus alerting rules (a rules file promtool reads, or a "
+                                    "PrometheusRule manifest) for every Rollout, read as drills scan reads them: "
+                                    "RolloutStuckAtRemainingRung (the weight below 100 at the end of the steps while "
+                                    "pods are unavailable, for longer than the Rollout's expected ramp with its "
+                                    "margin) and RolloutAborted.  Standard output unless --out.")
+    al.add_argument("inputs", nargs="*", help="manifest files, folders or - (a helm template / kustomize / kubectl get "
+                                              "-o yaml stream on standard input)")
+    al.add_argument("--fleet", default=None, help="a fleet layout to render with helm (as drills scan --fleet)")
+    al.add_argument("--env", default=None, help="fleet environments, comma-separated (default: every one; a rules "
+                                                "file is for one cluster, so give one)")
+    al.add_argument("--app", action="append", default=[], help="only this fleet app (repeatable)")
+    al.add_argument("--stdin-name", default=None, metavar="PATH", help="the path the manifests on '-' come from")
+    al.add_argument("--out", default=None, metavar="FILE", help="write the rules here (never over an input)")
+    al.add_argument("--format", default="rules", choices=["rules", "prometheusrule"],
+                    help="a plain rules file (promtool check rules reads it) or a PrometheusRule manifest")
+    al.add_argument("--readiness", default="30s",
+                    help="the stated readiness time of one pod: scheduled, pulled, started, Ready (default 30s)")
+    al.add_argument("--margin", type=float, default=0.5,
+                    help="how much longer than the expected ramp the alert waits, as a fraction (default 0.5)")
+    al.add_argument("--pods-at-once", type=int, default=None,
+                    help="pods that turn Ready at a time (default: every pod of a wave together)")
+    al.add_argument("--abort-for", default="1m", help="for: of RolloutAborted (default 1m)")
+    al.add_argument("--interval", default=None, help="evaluation interval of the rule groups (default: Prometheus' "
+                                                     "global one)")
+    al.add_argument("--ksm-config", default=None, metavar="FILE",
+                    help="also write the kube-state-metrics custom-resource-state config the rules need")
+    al.set_defaults(func=commands.cmd_alerts)
+
     cl = sub.add_parser("cluster", help="the embedded default cluster")
     cls = cl.add_subparsers(dest="sub", required=True)
     up = cls.add_parser("up", help="start (or reuse) the embedded cluster with controller V")

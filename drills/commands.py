@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from . import config, console, kube, lanes, legs, provenance, runner
+from .alerts import command as alerts_command
 from .answer import headlines
 from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
 from .cluster.embedded import audit_log_for
@@ -493,6 +494,10 @@ def _row_json(r: dict) -> dict:
 
 def cmd_scan(args) -> int:
     return scan_command.run(args, log=_progress)
+
+
+def cmd_alerts(args) -> int:
+    return alerts_command.run(args, log=_progress)
 
 
 def cmd_lanes(args) -> int:

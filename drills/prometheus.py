@@ -41,20 +41,28 @@ def ensure_binary() -> Path:
     return tc.dir(comp) / "prometheus"
 
 
-def scrape_config(targets: dict[str, str], interval_s: float = 1.0) -> dict:
-    """targets: job name -> 'host:port' (loopback only)."""
+def scrape_config(targets: dict[str, str], interval_s: float = 1.0, rule_files: list | tuple = (),
+                  honor_labels: bool = False) -> dict:
+    """targets: job name -> 'host:port' (loopback only).  ``rule_files``: rules Prometheus evaluates (paths);
+    ``honor_labels``: the targets' own labels win (the Rollout's ``namespace`` and ``name`` on the controller's
+    metrics and on kube-state-metrics' custom-resource ones)."""
     jobs = []
     for job, hostport in targets.items():
         require_loopback(hostport.rsplit(":", 1)[0])
         jobs.append({"job_name": job, "scrape_interval": f"{interval_s:g}s", "scrape_timeout": f"{interval_s:g}s",
-                     "metrics_path": "/metrics", "static_configs": [{"targets": [hostport]}]})
-    return {"global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s"},
-            "scrape_configs": jobs}
+                     "metrics_path": "/metrics", "static_configs": [{"targets": [hostport]}],
+                     **({"honor_labels": True} if honor_labels else {})})
+    out = {"global": {"scrape_interval": f"{interval_s:g}s", "evaluation_interval": f"{interval_s:g}s"},
+           "scrape_configs": jobs}
+    if rule_files:
+        out["rule_files"] = [str(p) for p in rule_files]
+    return out
 
 
 class Prometheus:
     def __init__(self, folder: Path, targets: dict[str, str], binary: Path | None = None, register=None, unregister=None,
-                 interval_s: float = 1.0, ready_timeout: float = 60.0):
+                 interval_s: float = 1.0, ready_timeout: float = 60.0, rule_files: list | tuple = (),
+                 honor_labels: bool = False):
         self.binary = Path(binary or binary_path())
         if not self.binary.is_file():
             raise PrometheusError(f"no prometheus binary at {self.binary}: run "
@@ -63,7 +71,8 @@ class Prometheus:
         folder.mkdir(parents=True, exist_ok=True)
         self.workdir = Path(tempfile.mkdtemp(prefix="prometheus-", dir=folder))
         self.config_path = self.workdir / "prometheus.yml"
-        self.config_path.write_text(yaml.safe_dump(scrape_config(targets, interval_s), sort_keys=False))
+        self.config_path.write_text(yaml.safe_dump(scrape_config(targets, interval_s, rule_files, honor_labels),
+                                                   sort_keys=False))
         self.log = self.workdir / "prometheus.log"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -98,6 +107,21 @@ class Prometheus:
         """The first sample of an instant query as a float; None when the vector is empty."""
         res = self.query(promql)
         return float(res[0]["value"][1]) if res else None
+
+    def alerts(self) -> list[dict]:
+        """The alerts the rules have active now (``/api/v1/alerts``): labels, annotations, state, activeAt."""
+        with urllib.request.urlopen(self.url + "/api/v1/alerts", timeout=10) as r:
+            body = json.loads(r.read())
+        if body.get("status") != "success":
+            raise PrometheusError(f"alerts failed: {body}")
+        return body["data"]["alerts"]
+
+    def rule_health(self) -> list[dict]:
+        """Every loaded rule's name, health and last error (``/api/v1/rules``)."""
+        with urllib.request.urlopen(self.url + "/api/v1/rules", timeout=10) as r:
+            body = json.loads(r.read())
+        return [{"name": rule.get("name"), "health": rule.get("health"), "lastError": rule.get("lastError")}
+                for g in body["data"]["groups"] for rule in g["rules"]]
 
     def targets_up(self) -> dict[str, str]:
         with urllib.request.urlopen(self.url + "/api/v1/targets", timeout=10) as r:

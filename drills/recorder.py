@@ -71,6 +71,9 @@ def _rollout(o: dict) -> dict:
             "stablePingPong": (st.get("canary") or {}).get("stablePingPong"),
             "pauseConditions": [p.get("reason") for p in st.get("pauseConditions") or []],
             "message": st.get("message"), "availableReplicas": st.get("availableReplicas"),
+            # what the controller's rollout_info{phase} is computed from (RolloutAborted: phase Abort)
+            "progressingReason": next((c.get("reason") for c in st.get("conditions") or []
+                                       if c.get("type") == "Progressing"), None),
         },
     }
 

@@ -18,13 +18,14 @@ from importlib.metadata import entry_points
 from ..errors import BadInput
 from .a import LaneA
 from .abort import LaneAbort
+from .alert import LaneAlert
 from .b import LaneB
 from .base import LaneContext, Runbook, StepFailed, step  # noqa: F401
 from .escape import LaneEscape
 from .order import LaneOrder
 from .scan import LaneScan
 
-BUILTIN: tuple[type[Runbook], ...] = (LaneA, LaneB, LaneAbort, LaneOrder, LaneEscape, LaneScan)
+BUILTIN: tuple[type[Runbook], ...] = (LaneA, LaneB, LaneAbort, LaneOrder, LaneEscape, LaneScan, LaneAlert)
 ENTRY_POINT_GROUP = "drills.lanes"
 KEY_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 

@@ -102,7 +102,9 @@ def optional_components() -> dict[str, Component]:
                               {"registry": "github.com/distribution/distribution/v3/cmd/registry"}),
         "prometheus": Component(
             "prometheus", "github.com/prometheus/prometheus", config.PROMETHEUS_VERSION,
-            {"prometheus": "github.com/prometheus/prometheus/cmd/prometheus"},
+            {"prometheus": "github.com/prometheus/prometheus/cmd/prometheus",
+             # the rule checker and unit tester (`promtool check rules`, `promtool test rules`) of drills alerts
+             "promtool": "github.com/prometheus/prometheus/cmd/promtool"},
             ldflags=(f"-X github.com/prometheus/common/version.Version={config.PROMETHEUS_VERSION.lstrip('v')}",)),
     }
 

@@ -1,0 +1,128 @@
+"""The metrics the rules read, and where a cluster gets them.
+
+From the Argo Rollouts controller's own ``/metrics`` (``controller/metrics/prommetrics.go`` and ``rollouts.go``,
+the same at v1.8.2 and v1.10.2): ``rollout_info{namespace, name, strategy, traffic_router, phase}`` (1; phase
+``Abort`` when the Progressing condition's reason is ``RolloutAborted``).  Its replica gauges
+(``rollout_info_replicas_unavailable`` = ``status.replicas - status.availableReplicas``) come from the Rollout's
+status, which the controller does not write while a revived ReplicaSet routed by DestinationRule subsets is
+partly available (the Istio UpdateHash guard returns before the status is persisted): they read 0 unavailable
+through the whole held rollback (lane alert shows it), so no rule reads them.  The controller exports no weight:
+the canary weight, the step index and the Rollout's phase come from kube-state-metrics' custom-resource-state
+metrics on the Rollout's status, with the config ``KSM_CONFIG`` below (``drills alerts --ksm-config FILE``
+writes it):
+
+    kube_customresource_rollout_canary_weight{customresource_group="argoproj.io", customresource_kind="Rollout",
+        customresource_version="v1alpha1", namespace, name}        status.canary.weights.canary.weight
+    kube_customresource_rollout_current_step_index{...}             status.currentStepIndex
+    kube_customresource_rollout_phase{..., phase}                   status.phase (a StateSet: 1 for the current one)
+
+Both sources put the Rollout's ``namespace`` and ``name`` on each sample: scrape them with ``honor_labels: true``
+(else Prometheus renames them ``exported_namespace``, ``exported_name``).
+"""
+from __future__ import annotations
+
+GROUP, KIND, VERSION = "argoproj.io", "Rollout", "v1alpha1"
+KSM_PREFIX = "kube_customresource"          # kube-state-metrics' default metricNamePrefix
+
+ROLLOUT_INFO = "rollout_info"
+ROLLOUT_UNAVAILABLE = "rollout_info_replicas_unavailable"
+CANARY_WEIGHT = f"{KSM_PREFIX}_rollout_canary_weight"
+STEP_INDEX = f"{KSM_PREFIX}_rollout_current_step_index"
+PHASE = f"{KSM_PREFIX}_rollout_phase"
+ABORT_PHASE = "Abort"
+PHASES = ("Healthy", "Progressing", "Paused", "Degraded")     # status.phase of a Rollout
+IN_PROGRESS = ("Progressing", "Degraded")                      # not promoted, not paused (Degraded: timed out too)
+
+KSM_CONFIG = {
+    "kind": "CustomResourceStateMetrics",
+    "spec": {"resources": [{
+        "groupVersionKind": {"group": GROUP, "kind": KIND, "version": VERSION},
+        "labelsFromPath": {"namespace": ["metadata", "namespace"], "name": ["metadata", "name"]},
+        "metrics": [
+            {"name": "rollout_canary_weight",
+             "help": "The canary weight the controller last wrote (status.canary.weights.canary.weight).",
+             "each": {"type": "Gauge", "gauge": {"path": ["status", "canary", "weights", "canary", "weight"]}}},
+            {"name": "rollout_current_step_index",
+             "help": "The canary step the Rollout is at (status.currentStepIndex; the step count at the end).",
+             "each": {"type": "Gauge", "gauge": {"path": ["status", "currentStepIndex"]}}},
+            {"name": "rollout_phase",
+             "help": "The Rollout's status.phase (1 for the current one).",
+             "each": {"type": "StateSet", "stateSet": {"labelName": "phase", "path": ["status", "phase"],
+                                                         "list": list(PHASES)}}},
+        ],
+    }]},
+}
+
+CONTROLLER_SOURCE = "the Argo Rollouts controller's /metrics"
+KSM_SOURCE = "kube-state-metrics custom-resource-state metrics (drills alerts --ksm-config)"
+NEEDS = {
+    "stuck": [f"{CANARY_WEIGHT} ({KSM_SOURCE}: status.canary.weights.canary.weight)",
+              f"{STEP_INDEX} ({KSM_SOURCE}: status.currentStepIndex)",
+              f"{PHASE} ({KSM_SOURCE}: status.phase)",
+              f"{ROLLOUT_INFO}{{phase=\"{ABORT_PHASE}\"}} ({CONTROLLER_SOURCE})"],
+    "aborted": [f"{ROLLOUT_INFO}{{phase=\"{ABORT_PHASE}\"}} ({CONTROLLER_SOURCE})"],
+}
+
+
+def ksm_labels(namespace: str, name: str) -> dict:
+    """The labels kube-state-metrics puts on a custom-resource-state sample of this config."""
+    return {"customresource_group": GROUP, "customresource_kind": KIND, "customresource_version": VERSION,
+            "namespace": namespace, "name": name}
+
+
+def _at(obj, path: list):
+    for key in path:
+        if not isinstance(obj, dict) or key not in obj:
+            return None
+        obj = obj[key]
+    return obj
+
+
+def ksm_samples(rollout: dict, config: dict = KSM_CONFIG) -> list[tuple[str, str, dict, float]]:
+    """(metric, help, labels, value) of one Rollout as kube-state-metrics exports it with ``config`` (the subset of
+    custom-resource-state that config uses: labelsFromPath, Gauge metrics with a path; a missing or non-numeric
+    field gives no sample, as kube-state-metrics without nilIsZero)."""
+    out = []
+    for res in config["spec"]["resources"]:
+        gvk = res["groupVersionKind"]
+        api = f"{gvk['group']}/{gvk['version']}"
+        if rollout.get("kind", KIND) != gvk["kind"] or rollout.get("apiVersion", api) != api:
+            continue
+        prefix = res.get("metricNamePrefix", KSM_PREFIX)
+        labels = {"customresource_group": gvk["group"], "customresource_kind": gvk["kind"],
+                  "customresource_version": gvk["version"]}
+        for label, path in (res.get("labelsFromPath") or {}).items():
+            v = _at(rollout, path)
+            if isinstance(v, str):
+                labels[label] = v
+        for m in res["metrics"]:
+            each, metric = m["each"], f"{prefix}_{m['name']}" if prefix else m["name"]
+            if each.get("type") == "Gauge":
+                v = _at(rollout, each["gauge"]["path"])
+                if not isinstance(v, bool) and isinstance(v, (int, float)):
+                    out.append((metric, m.get("help", ""), dict(labels), float(v)))
+            elif each.get("type") == "StateSet":
+                ss = each["stateSet"]
+                v = _at(rollout, ss["path"])
+                if isinstance(v, str):
+                    out += [(metric, m.get("help", ""), {**labels, ss["labelName"]: s}, float(v == s))
+                            for s in ss["list"]]
+    return out
+
+
+def exposition(samples: list[tuple[str, str, dict, float]], note: str = "") -> str:
+    """The Prometheus text format of the samples, one HELP/TYPE per metric."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    for metric, help_text, labels, value in sorted(samples, key=lambda s: (s[0], sorted(s[2].items()))):
+        if metric not in seen:
+            seen.add(metric)
+            lines.append(f"# HELP {metric} {help_text}{' ' + note if note else ''}".replace("\n", " "))
+            lines.append(f"# TYPE {metric} gauge")
+        body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+        lines.append(f"{metric}{{{body}}} {value:g}")
+    return "\n".join(lines) + "\n"
+
+
+def _escape(v: str) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
