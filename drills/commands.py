@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from . import config, console, kube, lanes, legs, provenance, runner
+from . import report_command
 from .alerts import command as alerts_command
-from .answer import headlines
 from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
 from .cluster.embedded import audit_log_for
 from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
@@ -18,7 +18,7 @@ from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
 from .fleet import Fleet, base_sources, check_base_version
 from .helm import Helm, HelmError
 from .kubeconfig import files_of
-from .ledger import new_run_id, read_rows
+from .ledger import new_run_id
 from .outputs import check_output, reports_folder
 from .live import check_inputs as live_check_inputs
 from .live import run_live, run_live_b
@@ -26,8 +26,6 @@ from .safety import LEASE_ANNOTATION
 from .probe import controller_log_of, observation_dict, run_probe
 from .recorder import watch_rollout
 from .renderdiff import render_diff
-from .report import write_matrix
-from .viewmodel import is_run_dir
 from .lease import release_lease
 from .safety import restore_journal
 from .scan import command as scan_command
@@ -430,66 +428,7 @@ def cmd_render_diff(args) -> int:
 
 
 def cmd_report(args) -> int:
-    given = list(args.run_dir or [])
-    missing = [d for d in given if not Path(d).exists()]
-    if missing:
-        raise BadInput(f"no such run folder: {', '.join(map(str, missing))}")
-    reports_folder()
-    if args.merge:
-        merged = runner.merge([Path(d) for d in given], log=_progress)
-        print(merged)
-        given = [str(merged)]
-    for d in given:
-        if not is_run_dir(Path(d)):
-            err(f"report: {d} is not a run folder (no ledger.json): ignored")
-    dirs = [Path(d) for d in given if is_run_dir(Path(d))] if given else None
-    html_path, md_path = write_matrix(dirs if dirs is not None and not args.merge else None,
-                                      config.reports_dir(), strict=True)
-    rows = _report_rows(dirs)
-    flagged = [r for r in rows if r.get("verdict") == "fail" or _hazard_seen(r)]
-    if args.json:
-        print(json.dumps({"headlines": headlines(rows), "failing_or_hazard": [_row_json(r) for r in flagged],
-                          "matrix": {"html": str(html_path), "md": str(md_path)}}, indent=2, default=str))
-        return EXIT_OK
-    print("\n".join(console.headline_lines(rows)) or "no rows")
-    if flagged:
-        print(f"\n{len(flagged)} row(s) failing or showing a hazard:")
-        for r in flagged:
-            d = console.declared(r)
-            seen = (" — hazard seen" + (f" with {d['condition']}" if d["condition"] else "")) if _hazard_seen(r) else ""
-            print(f"  {console.controller_label(r)}  {d['id']}: {r.get('verdict')}, observed "
-                  f"{console.text(r.get('observed'))} (expected {console.text(r.get('expected'))}){seen}"
-                  + (f"; evidence {r['evidence']}" if r.get("evidence") else ""))
-    print(f"\nmatrix: {html_path}\n        {md_path}")
-    return EXIT_OK
-
-
-def _hazard_seen(r: dict) -> bool:
-    d = console.declared(r)
-    return d["polarity"] == console.HAZARD and d["shows"] is True
-
-
-def _report_rows(dirs: list[Path] | None) -> list[dict]:
-    """The newest row per (controller, id) of the run folders the matrix merged (default: every one)."""
-    from .report import discover, readable, unique_runs
-    runs = readable(unique_runs(discover(config.reports_dir()) if dirs is None else dirs), strict=False)
-    rows = [r for d in runs for r in read_rows(d / "ledger.json")]
-    key = console.keyer(rows)
-    newest: dict[tuple, dict] = {}
-    for r in rows:
-        k = (console.controller_label(r), key(r))
-        if k not in newest or str(r.get("recorded_at") or "") >= str(newest[k].get("recorded_at") or ""):
-            newest[k] = r
-    return list(newest.values())
-
-
-def _row_json(r: dict) -> dict:
-    d = console.declared(r)
-    return {"controller": console.controller_label(r), "id": d["id"], "lane": r.get("lane"), "step": r.get("step"),
-            "assertion": r.get("assertion"), "polarity": d["polarity"], "shows": d["shows"],
-            "condition": d["condition"], "expected": r.get("expected"), "observed": r.get("observed"),
-            "verdict": r.get("verdict"), "reason": r.get("reason"), "evidence": r.get("evidence"),
-            "run_id": r.get("run_id")}
+    return report_command.run(args, log=_progress)
 
 
 def cmd_scan(args) -> int:
