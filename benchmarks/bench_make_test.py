@@ -59,17 +59,39 @@ def _junit(path: Path) -> tuple[dict, list, dict]:
     return counts, cases, files
 
 
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+def _cpu_group(name: str) -> Path | None:
+    """A cgroup-v1 cpuacct group of the run's own (every process the run starts, daemons included, is counted in
+    it); None where the machine has none or it cannot be made."""
+    group = CPUACCT / name
+    try:
+        group.mkdir(exist_ok=True)
+        return group if (group / "cpuacct.usage").is_file() else None
+    except OSError:
+        return None
+
+
 def run(label: str, env: dict, cache: Path, workdir: Path) -> None:
     junit = workdir / "junit.xml"
     log = workdir / "make-test.log"
+    group = _cpu_group(f"bench-make-test-{os.getpid()}")
     t0 = time.time()
     with open(log, "w") as out:
-        rc = subprocess.call(["make", "test", f"PYTEST_ARGS=--junitxml={junit}"], cwd=ROOT, env=env, stdout=out,
-                             stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(["make", "test", f"PYTEST_ARGS=--junitxml={junit}"], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT,
+                                preexec_fn=(lambda: (group / "tasks").write_text(str(os.getpid()))) if group else None)
+        rc = proc.wait()
     wall = time.time() - t0
+    cpu = int((group / "cpuacct.usage").read_text()) / 1e9 if group else None
     counts, cases, files = _junit(junit)
     print(f"== {label}: make test exit {rc}, wall {wall / 60:.1f} min ({wall:.0f} s); "
           + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f"  [log {log}]")
+    if cpu is not None:
+        cores = os.cpu_count() or 1
+        print(f"  CPU: {cpu:.0f} s of the run's processes (daemons included) = {cpu / wall:.2f} cores on average "
+              f"of {cores} ({cpu / wall / cores:.0%})")
     stamps = [s for s in _stamps(cache) if s["end"] >= t0 - 1]
     if stamps:
         print("  toolchain built during the run (minutes since start: from -> to, build seconds):")
