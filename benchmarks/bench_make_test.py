@@ -85,6 +85,11 @@ def run(label: str, env: dict, cache: Path, workdir: Path) -> None:
         rc = proc.wait()
     wall = time.time() - t0
     cpu = int((group / "cpuacct.usage").read_text()) / 1e9 if group else None
+    if group:
+        try:
+            group.rmdir()                  # empty once every process of the run has exited
+        except OSError:
+            print(f"  (cgroup {group} still holds processes of the run: left)")
     counts, cases, files = _junit(junit)
     print(f"== {label}: make test exit {rc}, wall {wall / 60:.1f} min ({wall:.0f} s); "
           + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + f"  [log {log}]")
