@@ -111,3 +111,19 @@ def test_a_field_the_version_does_not_have_names_the_version_that_has_it(tmp_pat
     assert f.rule == "crd-pruned-field" and "anywhere in the v1.8.2 CRD" in f.message and "v1.10.2's has it" in f.message
     assert old.ro.rpt is None and new.ro.rpt == {"type": "Pods", "value": 1} and new.pred.rule == "rpt-end-of-steps"
     assert not [x for x in new.findings if x.rule.startswith("crd-")]
+
+
+def test_a_crd_that_cannot_be_had_is_said_on_the_rollout(tmp_path):
+    """No toolchain cache, an empty Go module cache and no module proxy: nothing is checked, and the Rollout says
+    so (not modelled: the CRD schema), beside the release ranges that stand in for the source."""
+    import os
+    (tmp_path / "placed.yaml").write_text(PLACED)
+    env = dict(os.environ, DRILLS_CACHE=str(tmp_path / "cache"), GOMODCACHE=str(tmp_path / "gomod"), GOPROXY="off")
+    r = subprocess.run([sys.executable, "-m", "drills", "scan", "placed.yaml", "--json", "--fail-on", "none"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    (ro,) = json.loads(r.stdout)["rollouts"]
+    assert "GOPROXY=off" in ro["crd_schema_unavailable"] and ro["crd_schema"] == []
+    assert ro["not_modelled"] == [f"not modelled: the v1.8.2 CRD schema (fields not checked: "
+                                  f"{ro['crd_schema_unavailable']})"]
+    assert ro["facts_from"].startswith("release ranges") and ro["predicted_peak_weight"] == 100

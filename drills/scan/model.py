@@ -65,6 +65,7 @@ class ScannedRollout:
     invalid: list = field(default_factory=list)      # what the controller's validation refuses (InvalidSpec)
     background_analysis: bool = False                # spec.strategy.canary.analysis with templates
     schema_findings: list = field(default_factory=list)   # drills.scan.schema: fields the CRD prunes or rejects
+    schema_unavailable: str | None = None            # why the version's CRD schema could not be had (not checked)
     raw: dict | None = field(default=None, repr=False, compare=False)   # the object as read (for the CRD check)
     lines: dict = field(default_factory=dict, repr=False, compare=False)  # its path -> line map
 

@@ -69,8 +69,8 @@ class Record:
                                                 "cluster is unknown: no argo-rollouts Deployment", "lines": []},
             "notes": p.notes if p else [],
             "not_modelled": list(self.not_modelled),
-            "crd_schema": ([f.as_dict() for f in ro.schema_findings] if "schema_unavailable" not in ro.origin
-                           else {"unavailable": ro.origin["schema_unavailable"]}),
+            "crd_schema": [f.as_dict() for f in ro.schema_findings],
+            "crd_schema_unavailable": ro.schema_unavailable,
             "lint": [f.as_dict() for f in self.findings],
             "safe_pod_count": self.safe.get("safe_pod_count"),
             "remaining_rung": self.safe.get("remaining_rung"),
@@ -100,9 +100,8 @@ def evaluate(ro: ScannedRollout, facts: VersionFacts | None, cache: dict | None 
             cache[key] = hit
     pred, safe, wv = hit
     missing = not_modelled(ro, pred, facts)
-    if "schema_unavailable" in ro.origin and pred.peak is not None:
-        missing.append(f"{NOT_MODELLED}the {facts.version} CRD schema (fields not checked: "
-                       f"{ro.origin['schema_unavailable']})")
+    if ro.schema_unavailable and pred.peak is not None:
+        missing.append(f"{NOT_MODELLED}the {facts.version} CRD schema (fields not checked: {ro.schema_unavailable})")
     return Record(ro, facts, pred, lint(ro, facts, safe), safe, wv, missing)
 
 

@@ -218,13 +218,13 @@ def _message(schema: RolloutSchema, kind: str, path: tuple, what) -> tuple[str, 
 def seen_by_controller(ro: ScannedRollout, version: str, source: str | None = None) -> ScannedRollout:
     """``ro`` as the controller of ``version`` sees it: re-read from its object pruned by that version's CRD, with
     the schema's findings.  Unchanged when there is nothing to check (no object, a cluster's own); when the CRD
-    cannot be had, the reason is in ``schema_unavailable`` of the returned copy."""
+    cannot be had, the reason is the returned copy's ``schema_unavailable``."""
     if ro.raw is None or ro.origin.get("cluster"):
         return ro
     try:
         schema = rollout_schema(version, source)
     except SchemaUnavailable as e:
-        return dataclasses.replace(ro, schema_findings=[], origin={**ro.origin, "schema_unavailable": str(e)})
+        return dataclasses.replace(ro, schema_findings=[], schema_unavailable=str(e))
     kept, found = schema.check(ro.raw)
     if not found and kept == ro.raw:
         return ro if not ro.schema_findings else dataclasses.replace(ro, schema_findings=[])
