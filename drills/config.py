@@ -24,7 +24,7 @@ NEWER_GO_TOOLCHAIN = "go1.27.3"
 
 # --- Argo Rollouts ------------------------------------------------------------
 ROLLOUTS_MODULE = "github.com/argoproj/argo-rollouts"
-SUPPORTED_CONTROLLERS = ("v1.7.2", "v1.8.2", "v1.8.5", "v1.9.3", "v1.10.2")
+SUPPORTED_CONTROLLERS = ("v1.7.1", "v1.7.2", "v1.8.2", "v1.8.5", "v1.9.3", "v1.10.2")
 DEFAULT_CONTROLLER = "v1.8.2"
 # The versions the README's test command exercises.
 TEST_CONTROLLERS = ("v1.8.2", "v1.10.2")

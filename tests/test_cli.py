@@ -43,6 +43,6 @@ def test_toolchain_list_shows_supported_and_built():
     assert r.returncode == 0
     rows = json.loads(r.stdout)
     versions = {x["version"] for x in rows if x["component"] == "rollouts" and x["supported"]}
-    assert versions == {"v1.7.2", "v1.8.2", "v1.8.5", "v1.9.3", "v1.10.2"}
+    assert versions == {"v1.7.1", "v1.7.2", "v1.8.2", "v1.8.5", "v1.9.3", "v1.10.2"}
     built = {x["version"] for x in rows if x["component"] == "rollouts" and x["built"]}
     assert {"v1.8.2", "v1.10.2"} <= built

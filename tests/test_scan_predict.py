@@ -20,7 +20,7 @@ from drills.scan.model import ScannedRollout, last_set_weight_step, prescribed
 from drills.scan.predict import EMPTY, FIRST_POD, FIRST_SIZE, FULL_FIRST, RPT, predict
 from drills.scan.sources import FINDERS, TR, facts_for, facts_from_releases, facts_from_source, module_dir
 
-VERSIONS = ("v1.7.2", "v1.8.2", "v1.8.5", "v1.9.3", "v1.10.2")
+VERSIONS = ("v1.7.1", "v1.7.2", "v1.8.2", "v1.8.5", "v1.9.3", "v1.10.2")
 MEASURED = yaml.safe_load((config.fixtures_dir() / "lanes" / "scan" / "measured.yaml").read_text())["measurements"]
 
 
@@ -53,10 +53,13 @@ def test_facts_are_read_from_each_module_source(facts):
                 assert re.search(FINDERS[key][2], text), (v, key, text)
         # the release ranges the scan falls back on without a source say the same
         rel = facts_from_releases(v)
-        assert (f.guard, f.guard_kind, f.rpt, f.cap, f.stable_check, f.min_pods_capped) == \
-            (rel.guard, rel.guard_kind, rel.rpt, rel.cap, rel.stable_check, rel.min_pods_capped), v
-    assert [facts[v].guard_kind for v in VERSIONS] == ["none", "blocking", "dr-only", "blocking", "blocking"]
-    assert [facts[v].rpt for v in VERSIONS] == [False, False, False, True, True]
+        assert (f.guard, f.guard_kind, f.rpt, f.cap, f.stable_check, f.min_pods_capped,
+                f.skips_analysis_in_window) == (rel.guard, rel.guard_kind, rel.rpt, rel.cap, rel.stable_check,
+                                                rel.min_pods_capped, rel.skips_analysis_in_window), v
+    assert [facts[v].guard_kind for v in VERSIONS] == ["none", "none", "blocking", "dr-only", "blocking", "blocking"]
+    assert [facts[v].rpt for v in VERSIONS] == [False, False, False, False, True, True]
+    # v1.7.1's reconcileAnalysisRuns has no rollbackWindow condition (v1.7.2 added isRollbackWithinWindow)
+    assert [facts[v].skips_analysis_in_window for v in VERSIONS] == [False, True, True, True, True, True]
     guard = facts["v1.8.2"].line("guard")
     src = (module_dir("v1.8.2", download=False) / guard.file).read_text().splitlines()
     func = max(i for i in range(guard.line) if src[i].startswith("func "))
@@ -122,7 +125,12 @@ def test_the_same_manifests_with_replica_progress_threshold_get_the_hazard_on_v1
         else:
             assert new[name]["predicted_peak_weight"] == 0 and not new[name]["exposed"], name
         assert old[name]["predicted_peak_weight"] == m["observed"]["peak"]
-        assert any("not in the v1.8.2 CRD" in n for n in old[name]["notes"])
+        # v1.8.2's CRD prunes the field: predicted without it, and said where it was put
+        assert old[name]["replicaProgressThreshold"] is None and new[name]["replicaProgressThreshold"] == rpt
+        pruned = [f for f in old[name]["lint"] if f["rule"] == "crd-pruned-field"]
+        assert len(pruned) == 1 and "spec.strategy.canary.replicaProgressThreshold" in pruned[0]["message"]
+        assert "v1.10.2's has it" in pruned[0]["message"]
+        assert not [f for f in new[name]["lint"] if f["rule"].startswith("crd-")]
 
 
 # --- the rule table ---------------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import sys
 import pytest
 import yaml
 
-from drills.scan.model import ScanInputError
 from drills.scan.readers import read_manifests, rollouts_in
 from drills.scan.yamlstream import objects
 
@@ -152,17 +151,45 @@ def test_stdin_stream_through_the_command():
     ("a: 1\n---\nkey: [1, 2\n", 4, "not valid YAML"),
     ("kind: Rollout\nmetadata: {name: x}\nspec:\n  replicas: many\n", 4, "spec.replicas"),
     ("kind: Rollout\nmetadata: {name: x}\nspec:\n  strategy:\n    canary:\n      steps:\n      - setWeight: 5\n"
-     "      - {setWeight: 5, pause: {}}\n", 8, "exactly one field"),
+     "      - {setWeight: high}\n", 8, "canary step 1: setWeight"),
 ])
 def test_bad_input_names_file_and_line(tmp_path, text, line, needle):
     p = tmp_path / "bad.yaml"
     p.write_text(text)
-    with pytest.raises(ScanInputError) as e:
-        read_manifests([str(p)], "v1.8.2")
-    assert e.value.line == line and needle in str(e.value)
+    (e,) = read_manifests([str(p)], "v1.8.2").unreadable
+    assert e.line == line and needle in str(e)
     r = drills("scan", str(p))
     assert r.returncode == 2 and f"bad.yaml:{line}:" in r.stderr and needle in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+def test_unreadable_files_are_named_and_the_scan_goes_on(tmp_path):
+    """Each file or Rollout that cannot be read is a finding with its file and line; the others are scanned, and
+    the exit is 2 at the end (never at the first)."""
+    (tmp_path / "a-bad.yaml").write_text("kind: Rollout\nmetadata: {name: x}\nspec: [\n")
+    (tmp_path / "b-good.yaml").write_text(ROLLOUT.format(name="good", ns="n", replicas=4))
+    (tmp_path / "c-template.yaml").write_text("kind: Rollout\nmetadata:\n  name: {{ .Values.name }}\n")
+    two = ROLLOUT.format(name="fine", ns="n", replicas=2) + "---\n" + \
+        ROLLOUT.format(name="broken", ns="n", replicas=2).replace("replicas: 2", "replicas: two")
+    (tmp_path / "d-two.yaml").write_text(two)
+    res = read_manifests([str(tmp_path)], "v1.8.2")
+    assert sorted(r.name for r in res.rollouts) == ["fine", "good"]
+    where = sorted((e.file.rsplit("/", 1)[-1], e.line) for e in res.unreadable)
+    assert where == [("a-bad.yaml", 4), ("c-template.yaml", 3), ("d-two.yaml", _line_of(two, "replicas: two"))]
+    r = drills("scan", str(tmp_path), "--json", "--fail-on", "none", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    out = json.loads(r.stdout)
+    assert sorted(x["name"] for x in out["rollouts"]) == ["fine", "good"]
+    assert sorted((u["file"], u["line"]) for u in out["unreadable"]) == \
+        [("a-bad.yaml", 4), ("c-template.yaml", 3), ("d-two.yaml", _line_of(two, "replicas: two"))]
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("drills: cannot read ")]
+    assert len(said) == 3 and "a-bad.yaml:4: not valid YAML" in said[0] and "spec.replicas" in said[2], r.stderr
+    t = drills("scan", str(tmp_path), "--fail-on", "none", "--sarif", str(tmp_path / "s.sarif"), cwd=tmp_path)
+    assert t.returncode == 2 and "3 input(s) could not be read" in t.stdout and "c-template.yaml:3:" in t.stdout
+    results = json.loads((tmp_path / "s.sarif").read_text())["runs"][0]["results"]
+    bad = [x for x in results if x["ruleId"] == "unreadable-input"]
+    assert sorted((x["locations"][0]["physicalLocation"]["artifactLocation"]["uri"],
+                   x["locations"][0]["physicalLocation"]["region"]["startLine"]) for x in bad) == where
 
 
 def test_not_utf8_and_missing_paths_exit_2(tmp_path):
@@ -187,6 +214,7 @@ def test_a_large_folder_is_read_in_parallel_with_the_same_result(tmp_path):
         [(r.source, r.key, r.replicas, r.step_lines) for r in serial.rollouts]
     assert parallel.kinds == serial.kinds and parallel.files == serial.files
     (tmp_path / "zz-bad.yaml").write_text("kind: Rollout\nmetadata: {name: x}\nspec:\n  replicas: [1,\n")
-    with pytest.raises(ScanInputError) as e:
-        read_manifests([str(tmp_path)], "v1.8.2", workers=2)
-    assert (e.value.file, e.value.line) == (str(tmp_path / "zz-bad.yaml"), 5) and "not valid YAML" in str(e.value)
+    res = read_manifests([str(tmp_path)], "v1.8.2", workers=2)
+    (e,) = res.unreadable
+    assert (e.file, e.line) == (str(tmp_path / "zz-bad.yaml"), 5) and "not valid YAML" in str(e)
+    assert len(res.rollouts) == len(serial.rollouts)

@@ -136,6 +136,22 @@ def test_record_rollback_window_needs_the_error_rate_above_threshold(tmp_path):
     assert {r["verdict"] for r in _record(led, quiet, "skipped-completed", "v1.8.2")} == {INCONCLUSIVE}
 
 
+def test_record_rollback_window_on_a_version_that_runs_the_analysis(tmp_path):
+    """v1.7.1's reconcileAnalysisRuns has no rollbackWindow condition: its expectation (analysed-completed) asks
+    for the AnalysisRun the rollback gets, and the same observation fails a version that skips it."""
+    led = Ledger(tmp_path, "r", "embedded", "v1.7.1")
+    ran = _obs(step="rollback-window", rollback_window=3, runs=["ro-h1-3"], run_phase="Successful", measurements=[],
+               measured_above=0, failed_above=0, aborted=False, healthy_at_v1=True,
+               final_rollout={"phase": "Healthy", "abort": False, "stableRS": "h1"})
+    rows = _record(led, ran, "analysed-completed", "v1.7.1")
+    assert [r["verdict"] for r in rows] == [PASS, PASS] and "still creates an AnalysisRun" in rows[0]["assertion"]
+    assert rows[0]["id"] == "abort/rollback-window/no-analysis"
+    assert [r["verdict"] for r in _record(led, ran, "skipped-completed", "v1.8.2")] == ["fail", PASS]
+    none = copy.deepcopy(ran)
+    none.runs = []
+    assert [r["verdict"] for r in _record(led, none, "analysed-completed", "v1.7.1")] == ["fail", PASS]
+
+
 @pytest.mark.single_version
 def test_the_apiserver_accepts_the_template_and_the_rollout(kube, namespace):
     fx = _fixture()

@@ -56,16 +56,16 @@ def test_crds_come_from_the_flag_then_the_source_tree_then_the_nearest_release_w
     for source in (tree, tree / "rollout", tree / "rollout" / "trafficrouting.go"):
         info = inspect_binary(binary, source=source)
         assert (info.crds_dir, info.crd_origin, info.crd_warning) == (crds.resolve(), CRDS_FROM_SOURCE, None)
-        assert (info.version, info.reported, info.nearest_release) == ("v1.2.0", "v1.2.0+351efb7", "v1.7.2")
+        assert (info.version, info.reported, info.nearest_release) == ("v1.2.0", "v1.2.0+351efb7", "v1.7.1")
 
     bare = tmp_path / "only-the-go-file"
     bare.mkdir()
     (bare / "trafficrouting.go").write_text((tree / "rollout" / "trafficrouting.go").read_text())
     for source, why in ((bare, f"--source {bare} has no manifests/crds"), (None, "neither --crds nor --source")):
         info = inspect_binary(binary, source=source)
-        assert info.crd_origin == CRDS_FROM_NEAREST and info.crds_dir == Toolchain().ensure_crds("v1.7.2")
+        assert info.crd_origin == CRDS_FROM_NEAREST and info.crds_dir == Toolchain().ensure_crds("v1.7.1")
         assert info.crd_warning.startswith(why), info.crd_warning
-        assert "those of v1.7.2, the nearest release" in info.crd_warning
+        assert "those of v1.7.1, the nearest release" in info.crd_warning
         assert info.cluster_kwargs()["crd_warning"] == info.crd_warning
 
 
@@ -76,7 +76,7 @@ def test_stale_version_build_is_shown_by_its_reported_version_and_source_crds(tm
     info = inspect_binary(binary, source=tree)
     assert info.reported.startswith("v1.2.0") and info.version == "v1.2.0", info
     assert info.crd_origin == CRDS_FROM_SOURCE and info.crd_warning is None
-    assert info.nearest_release == "v1.7.2"          # what a version-only lookup would have called it
+    assert info.nearest_release == "v1.7.1"          # what a version-only lookup would have called it
 
     cluster = EmbeddedCluster(f"stale-version-{os.getpid()}")   # its own: the session's cluster stays up
     env = {"DRILLS_CLUSTER": cluster.name}
@@ -97,10 +97,10 @@ def test_stale_version_build_is_shown_by_its_reported_version_and_source_crds(tm
     assert st["crd_source"] == str((tree / "manifests" / "crds").resolve()) and st["crd_warning"] is None
     # no release is presented as this controller's version; the nearest one is named as what it is
     assert st["controller_version"] not in config.SUPPORTED_CONTROLLERS
-    assert st["nearest_release"] == "v1.7.2"
+    assert st["nearest_release"] == "v1.7.1"
     # the CRDs in the cluster are the tree's (v1.8.2's: with the plugin step), not the nearest release's
     tree_crd = yaml.safe_load((tree / "manifests" / "crds" / "rollout-crd.yaml").read_text())
-    near_crd = yaml.safe_load((Toolchain().ensure_crds("v1.7.2") / "rollout-crd.yaml").read_text())
+    near_crd = yaml.safe_load((Toolchain().ensure_crds("v1.7.1") / "rollout-crd.yaml").read_text())
     key = "controller-gen.kubebuilder.io/version"
     assert installed["metadata"]["annotations"][key] == tree_crd["metadata"]["annotations"][key] != \
         near_crd["metadata"]["annotations"][key]
@@ -119,7 +119,7 @@ def test_a_reported_version_must_be_a_version_string(reported):
 def test_upgrade_check_classifies_a_user_built_controller_against_its_baseline(tmp_path):
     """The stale-version build of v1.8.2 against v1.8.2 itself: one code, so every drill observation is `same`
     (load figures may move with the machine's load: they are classified, not asserted), and the candidate's rows
-    are observations, never failed against the expectations of v1.7.2 (the release its version is nearest)."""
+    are observations, never failed against the expectations of v1.7.1 (the release its version is nearest)."""
     tc = Toolchain()
     binary = tc.build_controller_reporting(RELEASE, STALE, tmp_path / "bin")
     tree = tc.lay_out_source_tree(RELEASE, tmp_path / "argo-rollouts")
@@ -159,7 +159,7 @@ def test_upgrade_check_classifies_a_user_built_controller_against_its_baseline(t
     legs = json.loads((run_dir / "run.json").read_text())["legs"]
     assert {leg["id"] for leg in legs} == {f"{RELEASE}/a/stage", f"{name}/a/stage"}
     junit = [p for p in run_dir.glob("junit-*.xml") if name.replace("+", "-") in p.name or name in p.name]
-    assert junit and f"[{name}]" in junit[0].read_text() and "v1.7.2" not in junit[0].read_text()
+    assert junit and f"[{name}]" in junit[0].read_text() and "v1.7.1" not in junit[0].read_text()
     titles = [json.loads(p.read_text()).get("title", "") for p in (run_dir / name).rglob("*.series.json")]
-    assert titles and all(f"({name})" in t and "v1.7.2" not in t for t in titles), titles
+    assert titles and all(f"({name})" in t and "v1.7.1" not in t for t in titles), titles
 

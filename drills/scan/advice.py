@@ -8,6 +8,13 @@ Lint (brief §9.5 "guard against regressions"; errors fail ``--fail-on lint``):
   while its first pods carry 5 % of 20 replicas easily, so the exposure prediction, not this ratio, is the
   gate (``--fail-on exposed``).  Pointed at that step.
 - ``above-safe-pod-count`` (warning): spec.replicas above the safe pod count.
+- ``invalid-spec`` (error): a step the controller's validation refuses (two of setWeight, pause, experiment and
+  analysis in one step, or a step that sets nothing): InvalidSpec, nothing is reconciled.  Pointed at that step.
+- ``crd-pruned-field`` (error): a field the version's CRD does not know where it was put (drills.scan.schema): the
+  apiserver drops it, so the controller never sees it (``rollbackWindow`` under ``strategy.canary``: no window
+  at all).  The message names where it belongs.  Pointed at the field.
+- ``crd-rejected-field`` (error): a value the CRD schema refuses (type, enum, a required field missing): the
+  apiserver rejects the Rollout.  Pointed at the field.
 
 Safe pod count (brief §9.3: minPodsPerReplicaSet / remaining rung x 100): computed exactly from the rules
 (the largest replica count whose rollback puts no more than its share on the pods that first carry the
@@ -29,6 +36,7 @@ Fix wave (brief §9.5 order, corrected by what the rules and the probe show):
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from .model import ScannedRollout, last_set_weight_step, prescribed, set_weights
@@ -37,10 +45,14 @@ from .sources import VersionFacts
 
 ERROR, WARNING = "error", "warning"
 FINAL_100, RATIO, ABOVE_SAFE = "final-setweight-100", "last-rung-ratio", "above-safe-pod-count"
+INVALID_SPEC, CRD_PRUNED, CRD_REJECTED = "invalid-spec", "crd-pruned-field", "crd-rejected-field"
 LINT_RULES = {
     FINAL_100: "the last setWeight is 100: a rollback inside rollbackWindow puts it on the first revived pods",
     RATIO: "the remaining rung is more than 3 x the first rung (w_last <= 3 x w_first)",
     ABOVE_SAFE: "spec.replicas above the safe pod count for the remaining rung",
+    INVALID_SPEC: "the controller's validation refuses the spec (InvalidSpec): it reconciles nothing",
+    CRD_PRUNED: "a field the controller version's CRD does not know there: the apiserver drops it",
+    CRD_REJECTED: "a value the CRD schema refuses: the apiserver rejects the Rollout",
 }
 WAVES = {"-": "not exposed", "1": "[100]-alone family: delete the final setWeight 100 (nothing remains)",
          "2": "low remaining rung: delete the final setWeight 100",
@@ -109,8 +121,14 @@ def safe_pod_count(ro: ScannedRollout, facts: VersionFacts) -> dict:
 
 
 def lint(ro: ScannedRollout, facts: VersionFacts, safe: dict | None = None) -> list[Finding]:
-    out: list[Finding] = []
-    if ro.strategy != "canary":
+    out: list[Finding] = [Finding(CRD_PRUNED if f.kind == "pruned" else CRD_REJECTED, ERROR, f.message, None,
+                                  f.line or ro.line, ro.file) for f in ro.schema_findings]
+    for problem in ro.invalid:
+        i = int(re.match(r"step (\d+)", problem).group(1))
+        line, file = _at(ro, i)
+        out.append(Finding(INVALID_SPEC, ERROR, f"{problem}: the controller's validation refuses the spec "
+                           f"(InvalidSpec, {facts.line('step-one-of').ref()}) and reconciles nothing", i, line, file))
+    if ro.strategy != "canary" or ro.rejected:
         return out
     i, w = last_set_weight_step(ro.steps)
     if w is not None and w >= ro.max_weight:

@@ -9,7 +9,8 @@ each result names the controller version it was predicted on, in its message and
 two-version scan gives one result per version, never two with one fingerprint).  The run's
 ``automationDetails.id`` says what was scanned, so uploads of different environments stay apart.  Rule ids:
 the lint rules of advice.py plus ``rollback-exposure`` (the predicted peak is above the share of capacity that
-carries it).
+carries it), ``not-modelled`` (a note: what the prediction of that Rollout leaves out, ``not modelled: <what>``)
+and ``unreadable-input`` (a file or object the scan could not read, on its file and line).
 """
 from __future__ import annotations
 
@@ -21,15 +22,17 @@ from pathlib import Path
 from urllib.parse import quote
 
 from .. import __version__
-from .advice import ABOVE_SAFE, ERROR, FINAL_100, LINT_RULES, RATIO, WARNING
+from .advice import ABOVE_SAFE, CRD_PRUNED, CRD_REJECTED, ERROR, FINAL_100, INVALID_SPEC, LINT_RULES, RATIO, WARNING
 from .model import last_set_weight_step, steps_text
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-EXPOSURE = "rollback-exposure"
+EXPOSURE, NOT_MODELLED, UNREADABLE, NOTE = "rollback-exposure", "not-modelled", "unreadable-input", "note"
 STDIN_PATH = "stdin.yaml"          # where results read from standard input sit without --stdin-name
 RULES = {EXPOSURE: ("a rollback inside rollbackWindow puts more traffic on the revived pods than their share of "
                     "capacity", ERROR), **{k: (v, WARNING if k in (ABOVE_SAFE, RATIO) else ERROR)
-                                           for k, v in LINT_RULES.items()}}
+                                           for k, v in LINT_RULES.items()},
+         NOT_MODELLED: ("what the prediction of this Rollout does not model", NOTE),
+         UNREADABLE: ("a file or an object the scan could not read", ERROR)}
 WHY = ("Inside `rollbackWindow` a rollback jumps `status.currentStepIndex` to the end of the steps; while the "
        "revived ReplicaSet is still partly available the traffic code searches backwards for the last `setWeight`, "
        "so that weight lands on the few pods that are up.")
@@ -42,6 +45,18 @@ FULL = {
            "pods the first rung sized may not carry it.",
     ABOVE_SAFE: "spec.replicas is above the largest replica count whose rollback puts no more than its share of "
                 "traffic on the pods that first carry the remaining rung.",
+    INVALID_SPEC: "The controller's validation refuses the spec (an InvalidSpec condition): a step sets two of "
+                  "`setWeight`, `pause`, `experiment` and `analysis`, or none of the step fields. The controller "
+                  "reconciles nothing of this Rollout.",
+    CRD_PRUNED: "The Rollout CRD of this controller version has no such field where it was put. The apiserver prunes "
+                "unknown fields (structural schema), so the controller never sees it: `rollbackWindow` under "
+                "`strategy.canary` means no rollbackWindow at all. The prediction is made without it.",
+    CRD_REJECTED: "A value the Rollout CRD's schema refuses (its type, its enum, a required field missing): the "
+                  "apiserver rejects the Rollout.",
+    NOT_MODELLED: "Something the controller does on this Rollout's rollback that the prediction leaves out (a step "
+                  "field at steps[0] such as `setHeaderRoute`, or an analysis the version does not skip).",
+    UNREADABLE: "The scan could not read this file or object (not valid YAML, a chart template read as a manifest, a "
+                "field of the wrong type); it went on with the rest and exits 2.",
 }
 FIX = {
     EXPOSURE: "Delete the final `setWeight: 100` step (the controller still goes to 100 after the last step, by "
@@ -53,6 +68,14 @@ FIX = {
     RATIO: "Keep the last rung at most three times the first (`w_last <= 3 x w_first`), or raise "
            "`minPodsPerReplicaSet` so the first revived pods carry it.",
     ABOVE_SAFE: "Raise `minPodsPerReplicaSet` or lower the remaining rung so its pods carry its share.",
+    INVALID_SPEC: "Split the step: one of `setWeight`, `pause`, `experiment` or `analysis` per step (the others, "
+                  "such as `setCanaryScale` or `setHeaderRoute`, may go with it).",
+    CRD_PRUNED: "Move the field where the message says it belongs (for example `spec.rollbackWindow`), or drop it "
+                "when this controller version has no such field.",
+    CRD_REJECTED: "Give the field the type or value the CRD asks for.",
+    NOT_MODELLED: "Nothing to fix for the scan: judge that part of the rollback yourself, or probe it "
+                  "(`drills probe`).",
+    UNREADABLE: "Fix the file where it says; for a chart, scan the chart folder (it is rendered with helm).",
 }
 
 
@@ -110,9 +133,17 @@ def automation_id(records, scope: str | None = None) -> str:
     return "drills-scan/" + (re.sub(r"[^A-Za-z0-9._-]+", "-", where).strip("-") or "scan") + "/"
 
 
-def sarif(records, scope: str | None = None) -> dict:
+def sarif(records, scope: str | None = None, unreadable=()) -> dict:
     ids = list(RULES)
     results = []
+    for e in unreadable:
+        loc = {"physicalLocation": {"artifactLocation": {"uri": _uri(e.file) if e.file and not e.file.startswith("<")
+                                                         else STDIN_PATH}}}
+        if e.line:
+            loc["physicalLocation"]["region"] = {"startLine": int(e.line)}
+        results.append({"ruleId": UNREADABLE, "ruleIndex": ids.index(UNREADABLE), "level": ERROR,
+                        "message": {"text": f"cannot read: {e.problem}"}, "locations": [loc],
+                        "partialFingerprints": {"rollout/v1": f"{e.file}#{UNREADABLE}#{e.problem[:80]}"}})
     for r in records:
         logical = f"{r.ro.origin.get('cluster') or r.ro.origin.get('env') or 'manifest'}/{r.ro.key}"
         for f in r.findings:
@@ -120,6 +151,13 @@ def sarif(records, scope: str | None = None) -> dict:
                             "message": {"text": f"{r.ro.key} ({r.ro.source}, controller {_version(r)}): {f.message}"},
                             "locations": [_location(r, f.file or r.ro.file, f.line or r.ro.line, logical)],
                             "partialFingerprints": _fingerprint(r, f.rule),
+                            "properties": {"controller_version": _version(r)}})
+        for what in r.not_modelled:
+            line = (r.ro.step_lines[0] if r.ro.step_lines and "steps[0]" in what else None) or r.ro.line
+            results.append({"ruleId": NOT_MODELLED, "ruleIndex": ids.index(NOT_MODELLED), "level": NOTE,
+                            "message": {"text": f"{r.ro.key} ({r.ro.source}, controller {_version(r)}): {what}"},
+                            "locations": [_location(r, r.ro.steps_file or r.ro.file, line, logical)],
+                            "partialFingerprints": _fingerprint(r, f"{NOT_MODELLED}:{what.split(':')[1].strip()}"),
                             "properties": {"controller_version": _version(r)}})
         if r.exposed:
             i, _ = last_set_weight_step(r.ro.steps)
@@ -143,8 +181,8 @@ def sarif(records, scope: str | None = None) -> dict:
                       "results": results, "columnKind": "utf16CodeUnits"}]}
 
 
-def write_sarif(records, path: str | Path, scope: str | None = None) -> None:
-    Path(path).write_text(json.dumps(sarif(records, scope), indent=1))
+def write_sarif(records, path: str | Path, scope: str | None = None, unreadable=()) -> None:
+    Path(path).write_text(json.dumps(sarif(records, scope, unreadable), indent=1))
 
 
 def junit(records, verification: list | None = None) -> ET.Element:

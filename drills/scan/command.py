@@ -21,11 +21,13 @@ from ..lanes.scan import LaneScan
 from ..ledger import Ledger, exit_code, new_run_id
 from ..report import write_matrix, write_run_report
 from ..toolchain import resolve_controller_versions
+from .charts import scan_charts
+from .charts import split as split_charts
 from .ci import write_junit, write_sarif
 from .fleet import FleetScan
 from .live import contexts, read_cluster
 from .model import ScanInputError
-from .readers import manifest_paths, read_manifests
+from .readers import ReadResult, manifest_paths, read_manifests
 from .records import evaluate, table, to_json, version_order
 from .sources import SourceMapError, facts_for
 from .verify import pick
@@ -73,6 +75,9 @@ def _check(args) -> None:
         raise ScanInputError("--source: not a folder", args.source)
     if args.context and args.all_contexts:
         raise ScanInputError("--context and --all-contexts: give one")
+    for v in getattr(args, "values", None) or []:
+        if not Path(v).is_file():
+            raise ScanInputError("--values: no such file", v)
     stdin_name = getattr(args, "stdin_name", None)
     if stdin_name is not None and ("-" not in (args.inputs or []) or not stdin_name.strip()
                                    or "\n" in stdin_name):
@@ -95,9 +100,9 @@ def _check_outputs(args) -> None:
     check_distinct({"--sarif": args.sarif, "--junit": args.junit})
 
 
-def _write(path: str, writer, *what) -> None:
+def _write(path: str, writer, *what, **kw) -> None:
     Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    writer(*what, path)
+    writer(*what, path, **kw)
 
 
 def run(args, stdout=None, stdin=None, log=_log) -> int:
@@ -122,14 +127,30 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
     t0 = time.monotonic()
     workers = args.workers or os.cpu_count() or 1
     specs, stats, inventory, scope = [], {}, None, []
+    bad: list[ScanInputError] = []             # inputs that could not be read: the scan goes on, exit 2 at the end
     if args.inputs:
-        res = read_manifests(args.inputs, versions[0], stdin=stdin, workers=workers,
-                             stdin_name=getattr(args, "stdin_name", None))
-        specs += res.rollouts
+        plain, charts = split_charts(args.inputs)
+        values = getattr(args, "values", None) or []
+        if values and not charts:
+            raise ScanInputError("--values applies to charts (folders with a Chart.yaml): none among the inputs")
+        res = read_manifests(plain, versions[0], stdin=stdin, workers=workers,
+                             stdin_name=getattr(args, "stdin_name", None)) if plain else ReadResult()
         stats["manifest_files"] = res.files
+        if charts:
+            scan_charts(charts, values, versions[0], result=res)
+            stats["charts_rendered"] = sum(c.rendered for c in charts)
+            skipped = [c for c in charts if c.skipped]
+            if skipped:
+                stats["charts_not_rendered"] = len(skipped)
+                for c in skipped:
+                    log(f"drills scan: chart {c.root} not rendered: {c.skipped}")
+        specs += res.rollouts
+        bad += res.unreadable
         scope.append(", ".join(args.inputs)[:80])
     if args.fleet:
-        specs += _fleet(args, versions[0], stats, workers)
+        res = _fleet(args, versions[0], stats, workers)
+        specs += res.rollouts
+        bad += res.unreadable
         scope.append(f"fleet {args.fleet}" + (f" ({args.env})" if args.env else ""))
     if len(versions) > 1:                      # manifests and renders: each Rollout on every version asked for
         specs = [dataclasses.replace(ro, controller_version=v) for ro in specs for v in versions]
@@ -146,6 +167,12 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
                 unreadable.append(f"context {ctx}: {inv.error}")
             specs += inv.specs
             scope.append(f"cluster {ctx}")
+    if bad and not specs:                      # nothing read at all: each reason, the last one as the error
+        for u in unreadable:
+            log(f"drills: cannot read {u}")
+        for e in bad[:-1]:
+            log(f"drills: {e}")
+        raise bad[-1]
     if not specs and not unreadable and not getattr(args, "allow_empty", False):
         # a mistyped path or an empty render in CI must not pass as a clean scan
         raise ScanInputError(f"no Rollout found in {'; '.join(scope) or 'the input'} (pass --allow-empty when none "
@@ -155,6 +182,8 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
     for inv in inventory or []:
         inv.exposed = sum(r.exposed for r in records if r.ro.origin.get("cluster") == inv.context)
     stats.update(rollouts=len(records), shapes=len(shapes), seconds=round(time.monotonic() - t0, 2))
+    if bad:
+        stats["unreadable"] = len(bad)
     verification = None
     code = 0
     if args.verify:
@@ -164,14 +193,14 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
     used_facts = [f for f in facts_cache.values() if f is not None]
     try:
         if args.json:
-            print(to_json(records, inventory, verification, stats, used_facts), file=out)
+            print(to_json(records, inventory, verification, stats, used_facts, unreadable=bad), file=out)
         else:
-            print(table(records, inventory, verification, stats), file=out)
+            print(table(records, inventory, verification, stats, unreadable=bad), file=out)
         out.flush()
     except BrokenPipeError:                    # a reader such as `head` closed the pipe: the exit code still counts
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
     if args.sarif:
-        _write(args.sarif, write_sarif, records)
+        _write(args.sarif, write_sarif, records, unreadable=bad)
     if args.junit:
         _write(args.junit, lambda recs, path: write_junit(recs, path, verification), records)
     if "exposed" in fail_on and any(r.exposed or (r.pred and r.pred.promotes_while_partial) for r in records):
@@ -180,10 +209,12 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
         code = combine_exit_codes(code, 1)
     for u in unreadable:
         log(f"drills: cannot read {u}")
-    return combine_exit_codes(code, 2) if unreadable else code
+    for e in bad:
+        log(f"drills: cannot read {e}")
+    return combine_exit_codes(code, 2) if unreadable or bad else code
 
 
-def _fleet(args, version: str, stats: dict, workers: int) -> list:
+def _fleet(args, version: str, stats: dict, workers: int) -> ReadResult:
     envs = [e.strip() for e in args.env.split(",") if e.strip()] if args.env else None
     sources = base_sources(args.charts) if args.charts else None
     t0 = time.monotonic()
@@ -196,7 +227,7 @@ def _fleet(args, version: str, stats: dict, workers: int) -> list:
         res = fs.run()
     stats.update({f"fleet_{k}": v for k, v in fs.stats.items()})
     stats["fleet_seconds"] = round(time.monotonic() - t0, 2)
-    return res.rollouts
+    return res
 
 
 def verify_run(records: list, k: int, scope: str, log) -> tuple[list[dict], Path, int]:

@@ -18,6 +18,11 @@ from ..errors import BadInput
 from ..steps import steps_text as _steps_text
 
 ROLLOUT_KINDS = ("Rollout",)
+# the fields of a canary step (CanaryStep, pkg/apis/rollouts/v1alpha1/types.go) and the four the controller's
+# validation (hasMultipleStepsType) allows only one of per step; the others combine freely with them
+STEP_FIELDS = ("setWeight", "pause", "experiment", "analysis", "setCanaryScale", "setHeaderRoute", "setMirrorRoute",
+               "plugin")
+ONE_OF = ("setWeight", "pause", "experiment", "analysis")
 ROUTINGS = ("subset", "host", "other", "none")
 _OTHER_ROUTERS = ("nginx", "alb", "smi", "ambassador", "appMesh", "traefik", "apisix", "plugins", "managedRoutes")
 
@@ -57,6 +62,17 @@ class ScannedRollout:
     steps_line: int | None = None        # line of the `steps:` key itself
     controller_version: str = ""
     origin: dict = field(default_factory=dict)       # env, app, component, cluster, ...
+    invalid: list = field(default_factory=list)      # what the controller's validation refuses (InvalidSpec)
+    background_analysis: bool = False                # spec.strategy.canary.analysis with templates
+    schema_findings: list = field(default_factory=list)   # drills.scan.schema: fields the CRD prunes or rejects
+    schema_unavailable: str | None = None            # why the version's CRD schema could not be had (not checked)
+    raw: dict | None = field(default=None, repr=False, compare=False)   # the object as read (for the CRD check)
+    lines: dict = field(default_factory=dict, repr=False, compare=False)  # its path -> line map
+
+    @property
+    def rejected(self) -> bool:
+        """The apiserver refuses the object (its CRD schema rejects a field): the controller never sees it."""
+        return any(f.kind == "rejected" for f in self.schema_findings)
 
     @property
     def key(self) -> str:
@@ -65,7 +81,8 @@ class ScannedRollout:
     def shape(self) -> tuple:
         """Everything a prediction reads (Rollouts with the same shape get the same prediction)."""
         return (self.strategy, self.routing, self.router, repr(self.steps), self.replicas, self.min_pods,
-                self.rollback_window, repr(self.rpt), self.dss, self.scale_down_delay is None, self.max_weight)
+                self.rollback_window, repr(self.rpt), self.dss, self.scale_down_delay is None, self.max_weight,
+                tuple(self.invalid), self.background_analysis, self.rejected)
 
 
 # --- reading a Kubernetes object --------------------------------------------------------------------------
@@ -106,27 +123,46 @@ def routing_of(canary: dict) -> tuple[str, str]:
 
 
 def check_steps(steps, file, line, step_lines=(), max_weight: int = 100) -> list:
+    """The steps with the types the rules read checked (a wrong type raises ScanInputError naming the step's line:
+    the CRD rejects it) and null fields dropped (the apiserver prunes them).  A step may set several fields: which
+    combinations the controller refuses is ``invalid_steps``'s answer, not a reading error."""
     if steps is None:
         return []
     if not isinstance(steps, list):
         raise ScanInputError(f"spec.strategy.canary.steps must be a list, found {type(steps).__name__}", file, line)
+    out = []
     for i, s in enumerate(steps):
         sl = step_lines[i] if i < len(step_lines) and step_lines[i] else line
-        if not isinstance(s, dict) or len(s) != 1:
-            raise ScanInputError(f"canary step {i} must set exactly one field (setWeight, pause, ...), "
-                                 f"found {s!r}"[:300], file, sl)
+        if not isinstance(s, dict):
+            raise ScanInputError(f"canary step {i} must be a mapping (setWeight, pause, ...), found {s!r}"[:300],
+                                 file, sl)
+        s = {k: v for k, v in s.items() if v is not None}
         if "setWeight" in s:
             _int(s["setWeight"], f"canary step {i}: setWeight", file,
                  sl, maximum=max_weight)
-        elif "pause" in s:
+        if "pause" in s:
             _mapping(s["pause"], f"canary step {i}: pause", file, sl)
-        elif "setCanaryScale" in s:
+        if "setCanaryScale" in s:
             scs = _mapping(s["setCanaryScale"], f"canary step {i}: setCanaryScale", file, sl)
             if scs.get("replicas") is not None:
                 _int(scs["replicas"], f"canary step {i}: setCanaryScale.replicas", file, sl)
             if scs.get("weight") is not None:
                 _int(scs["weight"], f"canary step {i}: setCanaryScale.weight", file, sl, maximum=max_weight)
-    return steps
+        out.append(s)
+    return out
+
+
+def invalid_steps(steps: list) -> list[str]:
+    """What the controller's validation (ValidateRolloutStrategyCanary) refuses in the steps: two of setWeight,
+    pause, experiment and analysis in one step (hasMultipleStepsType), or a step that sets none of the step fields."""
+    out = []
+    for i, s in enumerate(steps):
+        ones = [k for k in ONE_OF if k in s]
+        if len(ones) > 1:
+            out.append(f"step {i} sets {' and '.join(ones)}: one step may set only one of {', '.join(ONE_OF)}")
+        elif not any(k in s for k in STEP_FIELDS):
+            out.append(f"step {i} sets none of {', '.join(STEP_FIELDS)}")
+    return out
 
 
 def from_object(obj: dict, source: str, file: str | None = None, line: int | None = None,
@@ -180,11 +216,13 @@ def from_object(obj: dict, source: str, file: str | None = None, line: int | Non
     if delay is not None:
         delay = _int(delay, f"Rollout {name}: scaleDownDelaySeconds", file, at(*c_path, "scaleDownDelaySeconds"))
     routing, router = routing_of(canary) if kind == "canary" else ("none", "")
+    analysis = canary.get("analysis")
     return ScannedRollout(
         namespace=namespace, name=name, source=source, steps=steps, replicas=replicas, routing=routing, router=router,
         min_pods=min_pods, rollback_window=window, rpt=rpt, dss=canary.get("dynamicStableScale") is True,
         max_weight=max_weight, scale_down_delay=delay, strategy=kind, file=file, line=line, steps_file=file,
-        step_lines=step_lines, steps_line=lines.get(steps_path), origin={})
+        step_lines=step_lines, steps_line=lines.get(steps_path), origin={}, invalid=invalid_steps(steps),
+        background_analysis=isinstance(analysis, dict) and bool(analysis.get("templates")), raw=obj, lines=lines)
 
 
 # --- steps ----------------------------------------------------------------------------------------------
@@ -210,5 +248,13 @@ def prescribed(steps: list) -> list:
 
 
 def steps_text(steps: list) -> str:
-    """`[5, pause:10m, 100]` (`[]` for no steps)."""
-    return f"[{_steps_text(steps).replace(',', ', ')}]" if steps else "[]"
+    """`[5, pause:10m, 100]` (`[]` for no steps); a step that sets several fields joins them with `+`
+    (`setCanaryScale+setHeaderRoute`)."""
+    if not steps:
+        return "[]"
+
+    def one(s: dict) -> str:
+        if not s:
+            return "{}"
+        return "+".join(_steps_text([{k: v}]) if k in ("setWeight", "pause") else k for k, v in s.items())
+    return f"[{', '.join(one(s) for s in steps)}]"

@@ -34,8 +34,19 @@ from .sources import VersionFacts
 NOT_CANARY, BASIC, NO_WINDOW, SINGLE = "not-canary", "basic-canary", "no-rollback-window", "single-replica"
 EMPTY, FULL_FIRST, FIRST_SIZE, FIRST_POD = "empty-steps", "subset-full-first", "subset-first-size", "first-pod"
 NO_SETWEIGHT, RPT, CAPPED = "no-setweight", "rpt-end-of-steps", "capped"
-INVALID = "invalid-spec"
-NOT_APPLICABLE_RULES = (NOT_CANARY, BASIC, NO_WINDOW, SINGLE, INVALID)
+INVALID, REJECTED = "invalid-spec", "crd-rejected"
+NOT_APPLICABLE_RULES = (NOT_CANARY, BASIC, NO_WINDOW, SINGLE, INVALID, REJECTED)
+NOT_MODELLED = "not modelled: "
+# what a step at index 0 does besides its weight and size (the only step a rollback inside rollbackWindow runs:
+# the pass at index 0 ends with the jump to len(steps)); none of it is in the predicted weight
+_STEP0 = {
+    "setHeaderRoute": "requests matching its headers go to the canary service from the pass at index 0 until the "
+                      "promotion, outside the canary weight",
+    "setMirrorRoute": "requests it mirrors go to the canary service from the pass at index 0, outside the canary "
+                      "weight",
+    "experiment": "the Experiment it starts on the pass at index 0 and that Experiment's own traffic weights",
+    "plugin": "what the step plugin does on the pass at index 0",
+}
 
 
 @dataclass
@@ -84,18 +95,21 @@ def to_pods(ro: ScannedRollout, weight: int) -> int:
 
 
 def first_size(ro: ScannedRollout, facts: VersionFacts) -> tuple[int, str]:
-    """The revived ReplicaSet's size on the pass at index 0, and how it was computed."""
+    """The revived ReplicaSet's size on the pass at index 0, and how it was computed: GetCanaryReplicasOrWeight at
+    index 0 takes steps[0]'s setCanaryScale (UseSetCanaryScale: its replicas as they are, else its weight), unless
+    it says matchTrafficWeight or sets neither; then the setWeight of steps[0] (GetCurrentSetWeight), else 0."""
     s0 = ro.steps[0] if ro.steps else {}
     R, M = ro.replicas, ro.min_pods
-    if "setCanaryScale" in s0:
-        scs = s0.get("setCanaryScale") or {}
-        if scs.get("replicas") is not None and not scs.get("matchTrafficWeight"):
-            return int(scs["replicas"]), f"setCanaryScale replicas {scs['replicas']} at steps[0]"
-        w = 0 if scs.get("matchTrafficWeight") else int(scs.get("weight") or 0)
+    scs = s0.get("setCanaryScale") if isinstance(s0.get("setCanaryScale"), dict) else None
+    if scs is not None and not scs.get("matchTrafficWeight") and scs.get("replicas") is not None:
+        return int(scs["replicas"]), f"setCanaryScale replicas {scs['replicas']} at steps[0]"
+    if scs is not None and not scs.get("matchTrafficWeight") and scs.get("weight") is not None:
+        w = int(scs["weight"])
     elif "setWeight" in s0:
         w = int(s0["setWeight"])
     else:
-        return 0, f"steps[0] is {next(iter(s0), 'absent')}, not a setWeight: 0 (sized at the end of steps)"
+        what = "+".join(s0) or "absent"
+        return 0, f"steps[0] is {what}, not a setWeight: 0 (sized at the end of steps)"
     n = floor_min_pods(ro, to_pods(ro, w), facts)
     floor = f", {M}" if M is not None and w else ""
     return n, f"max(ceil({w}x{R}/{ro.max_weight}){floor}) = {n}"
@@ -125,8 +139,15 @@ def _na(rule: str, text: str, ro: ScannedRollout, facts: VersionFacts, *keys: st
 
 def predict(ro: ScannedRollout, facts: VersionFacts) -> Prediction:
     R, maxW = ro.replicas, ro.max_weight
+    if ro.rejected:
+        fields = ", ".join(f.where for f in ro.schema_findings if f.kind == "rejected")
+        return _na(REJECTED, f"the {facts.version} CRD schema rejects {fields}: the apiserver refuses the Rollout, "
+                             "so the controller never sees it", ro, facts)
     if ro.strategy != "canary":
         return _na(NOT_CANARY, f"{ro.strategy} strategy: no canary steps", ro, facts)
+    if ro.invalid:
+        return _na(INVALID, f"{'; '.join(ro.invalid)}: the controller refuses the spec (InvalidSpec, "
+                            f"{facts.line('step-one-of').ref()}) and reconciles nothing", ro, facts, "step-one-of")
     if ro.routing == "none":
         return _na(BASIC, "no trafficRouting: a basic canary has no weight to write (traffic follows pod "
                           "counts)", ro, facts)
@@ -217,3 +238,21 @@ def predict(ro: ScannedRollout, facts: VersionFacts) -> Prediction:
         keys.append("cap")
     return Prediction(rule, text, peak, carrying, target, n0, exposed, facts.refs(*keys),
                       promotes_while_partial=by_rpt, notes=notes, max_weight=maxW, replicas=R)
+
+
+def not_modelled(ro: ScannedRollout, pred: Prediction, facts: VersionFacts) -> list[str]:
+    """What the controller does on this Rollout's rollback that the prediction leaves out, each as
+    ``not modelled: <what>`` (nothing for a rule that predicts no weight)."""
+    if pred.peak is None:
+        return []
+    out = []
+    s0 = ro.steps[0] if ro.steps else {}
+    for k, why in _STEP0.items():
+        if k in s0:
+            out.append(f"{NOT_MODELLED}{k} at steps[0]: {why}")
+    if (ro.background_analysis or "analysis" in s0) and not facts.skips_analysis_in_window:
+        what = "background analysis" if ro.background_analysis else "the analysis at steps[0]"
+        out.append(f"{NOT_MODELLED}{what}: {facts.version} does not skip analysis for a rollback inside "
+                   f"rollbackWindow (its reconcileAnalysisRuns, {facts.line('analysis-reconcile').ref()}, has no such condition), so an AnalysisRun "
+                   "that fails aborts the rollback; the prediction assumes none does")
+    return out

@@ -2,7 +2,9 @@
 
 A stream may hold many documents (a ``helm template`` or kustomize output) and kubectl Lists
 (``kubectl get rollouts -A -o yaml``).  Every Rollout becomes a ScannedRollout whose ``source`` is
-``file:line``; other objects are only counted.  Unreadable input raises ScanInputError with file and line.
+``file:line``; other objects are only counted.  A file that cannot be read (not YAML, not UTF-8) and a Rollout
+whose fields cannot be read are each a ScanInputError with file and line in ``ReadResult.unreadable``; the other
+files and objects are still read.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class ReadResult:
     rollouts: list = field(default_factory=list)
     kinds: Counter = field(default_factory=Counter)       # every object kind seen
     files: int = 0
+    unreadable: list = field(default_factory=list)        # ScanInputError of each file or object not read
 
 
 def display_path(path: Path | str, stdin_name: str | None = None) -> str:
@@ -89,8 +92,12 @@ def rollouts_of(objs: list, label: str, controller_version: str = "", default_na
         res.kinds[str(kind)] += 1
         if kind not in ROLLOUT_KINDS:
             continue
-        ro = from_object(o.obj, f"{label}:{o.line}", file=label, line=o.line, lines=o.lines,
-                         default_namespace=default_namespace)
+        try:
+            ro = from_object(o.obj, f"{label}:{o.line}", file=label, line=o.line, lines=o.lines,
+                             default_namespace=default_namespace)
+        except ScanInputError as e:
+            res.unreadable.append(e)
+            continue
         ro.controller_version = controller_version
         ro.origin = dict(origin or {})
         if o.source_comment:
@@ -99,8 +106,11 @@ def rollouts_of(objs: list, label: str, controller_version: str = "", default_na
     return res
 
 
-def _read_one(path: str, controller_version: str) -> ReadResult:
-    return rollouts_in(read_text(path), display_path(path), controller_version)
+def _read_one(path: str, controller_version: str, stdin=None, stdin_name: str | None = None) -> ReadResult:
+    try:
+        return rollouts_in(read_text(path, stdin), display_path(path, stdin_name), controller_version)
+    except ScanInputError as e:
+        return ReadResult(unreadable=[e])
 
 
 def read_manifests(inputs: list[str], controller_version: str, stdin=None, workers: int = 1,
@@ -114,9 +124,10 @@ def read_manifests(inputs: list[str], controller_version: str, stdin=None, worke
         with ProcessPoolExecutor(workers) as pool:
             parts = list(pool.map(_read_one, paths, [controller_version] * len(paths), chunksize=4))
     else:
-        parts = [rollouts_in(read_text(p, stdin), display_path(p, stdin_name), controller_version) for p in paths]
+        parts = [_read_one(p, controller_version, stdin, stdin_name) for p in paths]
     for part in parts:
         res.rollouts += part.rollouts
         res.kinds.update(part.kinds)
+        res.unreadable += part.unreadable
         res.files += 1
     return res

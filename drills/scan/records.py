@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from .. import config
 from .advice import ERROR, WAVES, lint, safe_pod_count, wave
 from .model import ScannedRollout, steps_text
-from .predict import Prediction, predict
+from .predict import NOT_MODELLED, Prediction, not_modelled, predict
+from .schema import seen_by_controller
 from .sources import VersionFacts
 
 UNKNOWN_CONTROLLER = "controller-unknown"
@@ -34,6 +35,7 @@ class Record:
     findings: list = field(default_factory=list)
     safe: dict = field(default_factory=dict)
     wave: str = "-"
+    not_modelled: list = field(default_factory=list)    # "not modelled: <what>" of this Rollout's prediction
 
     @property
     def exposed(self) -> bool:
@@ -66,6 +68,9 @@ class Record:
             "rule": p.as_dict() if p else {"id": UNKNOWN_CONTROLLER, "text": "the controller version of this "
                                                 "cluster is unknown: no argo-rollouts Deployment", "lines": []},
             "notes": p.notes if p else [],
+            "not_modelled": list(self.not_modelled),
+            "crd_schema": [f.as_dict() for f in ro.schema_findings],
+            "crd_schema_unavailable": ro.schema_unavailable,
             "lint": [f.as_dict() for f in self.findings],
             "safe_pod_count": self.safe.get("safe_pod_count"),
             "remaining_rung": self.safe.get("remaining_rung"),
@@ -80,10 +85,12 @@ class Record:
 
 
 def evaluate(ro: ScannedRollout, facts: VersionFacts | None, cache: dict | None = None) -> Record:
-    """Prediction, safe pod count and wave (shared by Rollouts of one shape through ``cache``) and the lint
-    findings (each Rollout's own lines)."""
+    """The Rollout as that version's controller sees it (drills.scan.schema: its CRD prunes what it does not
+    know), its prediction, safe pod count and wave (shared by Rollouts of one shape through ``cache``), what the
+    prediction does not model, and the lint findings (each Rollout's own lines)."""
     if facts is None:
         return Record(ro, None, None)
+    ro = seen_by_controller(ro, facts.version, facts.root or None)
     key = (id(facts), ro.shape())
     hit = cache.get(key) if cache is not None else None
     if hit is None:
@@ -92,7 +99,10 @@ def evaluate(ro: ScannedRollout, facts: VersionFacts | None, cache: dict | None 
         if cache is not None:
             cache[key] = hit
     pred, safe, wv = hit
-    return Record(ro, facts, pred, lint(ro, facts, safe), safe, wv)
+    missing = not_modelled(ro, pred, facts)
+    if ro.schema_unavailable and pred.peak is not None:
+        missing.append(f"{NOT_MODELLED}the {facts.version} CRD schema (fields not checked: {ro.schema_unavailable})")
+    return Record(ro, facts, pred, lint(ro, facts, safe), safe, wv, missing)
 
 
 # --- the summary ---------------------------------------------------------------------------------------
@@ -127,8 +137,12 @@ def _pct(x) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
+def unreadable_dict(e) -> dict:
+    return {"file": e.file, "line": e.line, "problem": e.problem}
+
+
 def table(records: list[Record], inventory: list | None = None, verification: list | None = None,
-          stats: dict | None = None) -> str:
+          stats: dict | None = None, unreadable: list | None = None) -> str:
     cols = ["source", "rollout", "ctrl", "routing", "steps", "R", "M", "peak", "pods", "share", "rule", "lint",
             "wave"]
     rows = []
@@ -146,6 +160,19 @@ def table(records: list[Record], inventory: list | None = None, verification: li
     out = [fmt(cols), fmt(["-" * w for w in widths])] + [fmt(x) for x in rows]
     out.append("peak = predicted peak canary weight while the revived ReplicaSet is partial after a rollback inside "
                "rollbackWindow ('!' = above the share of capacity the pods carrying it hold)")
+    said = [r for r in records if r.not_modelled or r.ro.schema_findings]
+    if said:
+        out.append("")
+        for r in said:
+            who = f"{r.ro.source} {r.ro.key} ({r.ro.controller_version or '?'})"
+            for f in r.ro.schema_findings:
+                out.append(f"{who}: {f.message}")
+            for what in r.not_modelled:
+                out.append(f"{who}: {what}")
+    if unreadable:
+        out.append("")
+        out.append(f"{len(unreadable)} input(s) could not be read (the scan went on without them; exit 2):")
+        out += [f"  {e}" for e in unreadable]
     s = summary(records)
     out.append("")
     out.append(f"{s['rollouts']} Rollouts, {s['exposed']} exposed, {s['lint_errors']} with lint errors")
@@ -183,8 +210,10 @@ def table(records: list[Record], inventory: list | None = None, verification: li
 
 
 def to_json(records: list[Record], inventory: list | None = None, verification: list | None = None,
-            stats: dict | None = None, facts: list | None = None) -> str:
+            stats: dict | None = None, facts: list | None = None, unreadable: list | None = None) -> str:
     doc = {"rollouts": [r.as_dict() for r in records], "summary": summary(records)}
+    if unreadable:
+        doc["unreadable"] = [unreadable_dict(e) for e in unreadable]
     if stats:
         doc["stats"] = stats
     if facts:

@@ -14,12 +14,15 @@ Nothing is typed in by hand.  Four facts decide the rules (predict.py):
   release): the weight follows the available share.
 - ``stable_check``: checkReplicasAvailable(stableRS, ...) guards the weight (v1.8.1 on).
 - ``min_pods_capped``: the minPodsPerReplicaSet floor is capped at spec.replicas (v1.10.0 on).
+- ``skips_analysis_in_window``: reconcileAnalysisRuns skips analysis for a rollback inside rollbackWindow (v1.7.2
+  on: isRollbackWithinWindow, v1.10 isFastRollback); v1.7.1 runs it, so a failing AnalysisRun aborts the rollback.
 
 Without any source (no Go toolchain, no module cache) the facts come from the release ranges above and the
 lines are unknown; ``derived_from`` says which.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -33,10 +36,10 @@ from ..branches import BACKWARD, END, MID, SourceMapError, find_branches
 from ..errors import BadInput
 from ..toolchain.modsource import ModuleUnavailable, rollouts_source
 
-TR, CANARY, SYNC, RSC, ISTIO, TYPES, VALIDATION = (
+TR, CANARY, SYNC, RSC, ISTIO, TYPES, VALIDATION, ANALYSIS = (
     "rollout/trafficrouting.go", "rollout/canary.go", "rollout/sync.go", "utils/replicaset/canary.go",
     "rollout/trafficrouting/istio/istio.go", "pkg/apis/rollouts/v1alpha1/types.go",
-    "pkg/apis/rollouts/validation/validation.go")
+    "pkg/apis/rollouts/validation/validation.go", "rollout/analysis.go")
 
 # key: (file, function whose body holds the line (None: anywhere), pattern, what the line is)
 FINDERS = {
@@ -79,13 +82,20 @@ FINDERS = {
     "dss-scaledown": (VALIDATION, "ValidateRolloutStrategyCanary",
                       r"canary\.ScaleDownDelaySeconds != nil && canary\.DynamicStableScale",
                       "InvalidSpec: dynamicStableScale with scaleDownDelaySeconds"),
+    "step-one-of": (VALIDATION, "hasMultipleStepsType", r"oneOf = append\(oneOf, s\.SetWeight != nil\)",
+                    "InvalidSpec: one of setWeight, pause, experiment, analysis per step"),
+    "analysis-reconcile": (ANALYSIS, None, r"^func \(c \*rolloutContext\) reconcileAnalysisRuns\(\)",
+                           "reconcileAnalysisRuns: which analysis runs, cancelled or skipped"),
+    "analysis-skip": (ANALYSIS, "reconcileAnalysisRuns", r":= c\.(isRollbackWithinWindow|isFastRollback)\(\)",
+                      "analysis skipped for a rollback inside rollbackWindow"),
     "in-window": (SYNC, None, r"^func \(c \*rolloutContext\) isRollbackWithinWindow\(\)",
                   "rollback inside rollbackWindow"),
 }
 CHAIN = {BACKWARD: "backward search: last setWeight before the index",
          MID: "mid-steps: GetCurrentSetWeight", END: "end of steps: MaxTrafficWeight"}
 NO_SOURCE = "release ranges (no source)"
-RELEASES_WITH = {"guard": (1, 8, 0), "rpt": (1, 9, 0), "stable_check": (1, 8, 1), "min_pods_capped": (1, 10, 0)}
+RELEASES_WITH = {"guard": (1, 8, 0), "rpt": (1, 9, 0), "stable_check": (1, 8, 1), "min_pods_capped": (1, 10, 0),
+                 "skips_analysis_in_window": (1, 7, 2)}
 GUARD_DR_ONLY = ((1, 8, 3), (1, 8, 5))       # UpdateHash returns nil while delaying the DestinationRule switch
 
 
@@ -111,6 +121,8 @@ class VersionFacts:
     lines: dict = field(default_factory=dict)
     min_pods_capped: bool = False            # the minPodsPerReplicaSet floor is capped at spec.replicas
     guard_kind: str = "none"                 # blocking | dr-only | none
+    skips_analysis_in_window: bool = True    # reconcileAnalysisRuns skips analysis for a rollback in the window
+    root: str = ""                           # a --source tree (its manifests/crds hold its CRDs)
 
     @property
     def from_source(self) -> bool:
@@ -129,7 +141,7 @@ class VersionFacts:
         return {"version": self.version, "guard": self.guard, "guard_kind": self.guard_kind, "rpt": self.rpt,
                 "cap": self.cap,
                 "stable_check": self.stable_check, "min_pods_capped": self.min_pods_capped,
-                "derived_from": self.derived_from,
+                "skips_analysis_in_window": self.skips_analysis_in_window, "derived_from": self.derived_from,
                 "lines": {k: v.ref() for k, v in sorted(self.lines.items())}}
 
 
@@ -175,6 +187,7 @@ def facts_from_source(version: str, root: Path) -> VersionFacts:
     return VersionFacts(version=version, guard="guard" in lines, rpt="rpt-field" in lines, cap="cap" in lines,
                         stable_check="stable-check" in lines, derived_from=f"source {root}", lines=lines,
                         min_pods_capped="min-pods-cap" in lines,
+                        skips_analysis_in_window="analysis-skip" in lines,
                         guard_kind="blocking" if "guard" in lines else ("dr-only" if "guard-log" in lines else "none"))
 
 
@@ -186,6 +199,7 @@ def facts_from_releases(version: str) -> VersionFacts:
                         cap=False, stable_check=v >= RELEASES_WITH["stable_check"],
                         derived_from=NO_SOURCE,
                         min_pods_capped=v >= RELEASES_WITH["min_pods_capped"],
+                        skips_analysis_in_window=v >= RELEASES_WITH["skips_analysis_in_window"],
                         guard_kind="blocking" if guard else ("dr-only" if dr_only else "none"))
 
 
@@ -225,7 +239,7 @@ def _facts_from_tree(version: str, root: str, digest: str) -> VersionFacts:
 
 def _tree_digest(root: Path) -> str:
     h = hashlib.sha256()
-    for rel in (TR, CANARY, SYNC, RSC, ISTIO, TYPES, VALIDATION):
+    for rel in (TR, CANARY, SYNC, RSC, ISTIO, TYPES, VALIDATION, ANALYSIS):
         p = root / rel
         try:
             st = p.stat()
@@ -240,7 +254,8 @@ def facts_for(version: str, source: str | None = None, download: bool = True) ->
     remembered under the source files' identity: never frozen before the source exists.  Without a readable
     source the release ranges stand in, ``derived_from`` says why and every line is unknown."""
     if source:
-        return _facts_from_tree(version, str(source), _tree_digest(Path(source)))
+        return dataclasses.replace(_facts_from_tree(version, str(source), _tree_digest(Path(source))),
+                                   root=str(source))
     root, why = source_status(version, download)
     if root is not None:
         try:

@@ -27,6 +27,7 @@ from .records import Record
 MAX_PROBE_REPLICAS = 4
 HOLD_SECONDS = 15.0              # a shorter hold can end before the controller's write lands (TOOLCHAIN.md)
 PROBE_PAUSE = "2s"
+PROBE_STEP_FIELDS = {"setWeight", "pause", "setCanaryScale"}
 
 
 @dataclasses.dataclass
@@ -59,6 +60,9 @@ def not_verifiable(r: Record) -> str | None:
         return "a source with the weight cap is not a built release"
     if r.ro.dss:
         return "the probe sets scaleDownDelaySeconds, which dynamicStableScale forbids (InvalidSpec)"
+    extra = sorted({k for s in r.ro.steps for k in s} - PROBE_STEP_FIELDS)
+    if extra:
+        return f"the probe runs setWeight, pause and setCanaryScale steps, not {', '.join(extra)}"
     return None
 
 
