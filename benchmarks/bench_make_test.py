@@ -5,6 +5,7 @@ for a build.
     python benchmarks/bench_make_test.py --cold     # empty DRILLS_CACHE, GOMODCACHE, GOCACHE (temporary, removed)
     python benchmarks/bench_make_test.py --warm     # this machine's caches as they are
     python benchmarks/bench_make_test.py --cold --warm
+    python benchmarks/bench_make_test.py --cold --cache DIR   # the cold run's caches in DIR (new), kept afterwards
 
 Targets (issue): cold <= 45 min, warm <= 15 min on the 2-core machine.  A figure, never a test.
 """
@@ -123,22 +124,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cold", action="store_true", help="empty caches (temporary folders, removed afterwards)")
     ap.add_argument("--warm", action="store_true", help="this machine's caches")
+    ap.add_argument("--cache", default=None, metavar="DIR",
+                    help="with --cold: the empty caches in DIR (it must not exist yet), kept afterwards")
     ap.add_argument("--out", default=None, help="keep the logs and JUnit files here (default: a temporary folder)")
     a = ap.parse_args()
     if not (a.cold or a.warm):
         ap.error("give --cold and/or --warm")
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bench-make-test-"))
     out.mkdir(parents=True, exist_ok=True)
+    if a.cache and (not a.cold or os.path.lexists(a.cache)):
+        ap.error("--cache DIR goes with --cold and names a folder that does not exist yet")
     if a.cold:
-        scratch = Path(tempfile.mkdtemp(prefix="drills-cold-"))
+        scratch = Path(a.cache).absolute() if a.cache else Path(tempfile.mkdtemp(prefix="drills-cold-"))
+        scratch.mkdir(parents=True, exist_ok=True)
         try:
             env = dict(os.environ, DRILLS_CACHE=str(scratch / "drills"), GOMODCACHE=str(scratch / "gomod"),
                        GOCACHE=str(scratch / "gocache"))
             (out / "cold").mkdir(exist_ok=True)
             run("cold (empty DRILLS_CACHE, GOMODCACHE, GOCACHE)", env, scratch / "drills", out / "cold")
         finally:
-            subprocess.call(["chmod", "-R", "u+w", str(scratch)])
-            shutil.rmtree(scratch, ignore_errors=True)
+            if not a.cache:
+                subprocess.call(["chmod", "-R", "u+w", str(scratch)])
+                shutil.rmtree(scratch, ignore_errors=True)
     if a.warm:
         (out / "warm").mkdir(exist_ok=True)
         run("warm (this machine's caches)", dict(os.environ), config.cache_dir(), out / "warm")

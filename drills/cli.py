@@ -354,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAIL
 
 
+# the commands that may start, use or take down an embedded cluster (scan only with --verify)
+CLUSTER_COMMANDS = frozenset({"cluster", "run", "upgrade-check", "probe", "scan"})
+
+
 def _apply_globals(args) -> None:
     """--reports-dir (for this process and every child: DRILLS_REPORTS), -o json (as --json), fixtures/ paths."""
     where = getattr(args, "reports_dir", None)
@@ -364,6 +368,8 @@ def _apply_globals(args) -> None:
         os.environ["DRILLS_REPORTS"] = str(path)
     if getattr(args, "output", None):
         args.json = True
+    if args.command in CLUSTER_COMMANDS and (args.command != "scan" or getattr(args, "verify", None)):
+        config.cluster_name()                       # a name that becomes a path: checked before anything is touched
     for name in ("fleet", "charts"):          # fixtures/... outside a checkout: the built-in data
         if getattr(args, name, None):
             setattr(args, name, config.data_path(getattr(args, name)))

@@ -61,10 +61,11 @@ def test_probe_stopped_by_sigterm_removes_its_namespace(kube, cluster, controlle
 def test_a_test_session_takes_down_the_cluster_it_started(tmp_path, controller_version):
     name = f"leftover-{uuid.uuid4().hex[:6]}"
     test = tmp_path / "test_uses_a_cluster.py"
-    test.write_text("def test_up(cluster):\n    assert cluster.status()['ready']\n")
+    test.write_text("def test_up(drills_cluster):\n    assert drills_cluster.status()['ready']\n")
     env = dict(os.environ, DRILLS_CLUSTER=name)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:locust", "-q", "-p", "no:cacheprovider",
-                        str(test), "--controller", controller_version, "--rootdir", str(tmp_path)],
+    # a project of a user's own: the plugin is asked for (-p drills), with its own option names
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:locust", "-q", "-p", "no:cacheprovider", "-p", "drills",
+                        str(test), "--drills-controller", controller_version, "--rootdir", str(tmp_path)],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     c = EmbeddedCluster(name)
