@@ -58,6 +58,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
 LINK_FLAGS = ("-s", "-w")
 
 
+def _build_groups(binaries: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """The go build commands of a component: one for every binary named as go names it (the last element of its
+    package path), so their packages compile and their links run side by side in one command (``-o DIR/``); one
+    command per binary named otherwise (``etcd`` from ``.../server/v3``)."""
+    same = [p for n, p in binaries.items() if p.rstrip("/").rsplit("/", 1)[-1] == n]
+    groups = [("/", same)] if len(same) > 1 else []
+    groups += [(n, [p]) for n, p in binaries.items() if len(same) <= 1 or p not in same]
+    return groups
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -302,10 +312,14 @@ class Toolchain:
                 imports = "\n".join(f'\t_ "{p}"' for p in sorted(set(comp.binaries.values())))
                 (work / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
                 self._run(comp, ["go", "mod", "tidy"], work, logf, "go mod tidy", gotoolchain=gotoolchain)
-                for out_name, pkg in comp.binaries.items():
-                    args = ["go", "build", "-v", "-trimpath", "-o", str(dest / out_name),
-                            "-ldflags", " ".join((*LINK_FLAGS, *comp.ldflags)), pkg]
-                    self._run(comp, args, work, logf, f"go build {out_name}", progress=True, gotoolchain=gotoolchain)
+                flags = ["-v", "-trimpath", *(["-tags", ",".join(comp.tags)] if comp.tags else []),
+                         "-ldflags", " ".join((*LINK_FLAGS, *comp.ldflags))]
+                for out, pkgs in _build_groups(comp.binaries):
+                    names = ", ".join(comp.binaries) if out.endswith("/") else out
+                    args = ["go", "build", *flags, "-o", str(dest) + "/" if out.endswith("/") else str(dest / out),
+                            *pkgs]
+                    self._run(comp, args, work, logf, f"go build {names}", progress=True, gotoolchain=gotoolchain)
+                for out_name in comp.binaries:
                     built[out_name] = sha256_file(dest / out_name)
             if comp.extra == "rollouts":
                 self._collect_rollouts(moddir, dest)
@@ -316,7 +330,7 @@ class Toolchain:
         stamp = {"module": comp.module, "version": comp.version, "binaries": built,
                  "build_seconds": round(time.monotonic() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                             time.gmtime()),
-                 "gotoolchain": gotoolchain, "log": str(logpath)}
+                 "gotoolchain": gotoolchain, "tags": list(comp.tags), "log": str(logpath)}
         self.stamp(comp).write_text(json.dumps(stamp, indent=2))
         shutil.rmtree(work, ignore_errors=True)
 
