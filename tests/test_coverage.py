@@ -261,3 +261,22 @@ def test_a_duplicated_newer_pass_row_never_hides_a_fail(tmp_path):
     # a newer run of the same id replaces the older run's row (a run again)
     rerun = dict(copy, run_id="later")
     assert [c.cls for c in upgrade.classify(base, [failed, rerun])] == [upgrade.SAME]
+
+
+def test_two_legs_of_lane_b_in_one_run_keep_their_own_evidence(tmp_path):
+    """Lane b wrote every leg's result to <run>/lane_b/<step>.json: the second leg's overwrote the first's."""
+    from drills.lanes import LaneContext
+    from drills.lanes.b import LaneB
+    run = tmp_path / "run1"
+    rows = []
+    for version in ("v1.8.2", "v1.10.2"):
+        led = Ledger(run, "run1", "embedded", version, leg=f"{version}/b/stage")
+        lane = LaneB(LaneContext(api=None, namespace="", evidence_dir=run / version, ledger=led, version=version))
+        try:
+            rows.append(lane._record("steps-only", "steps only", True, True, True, {"version": version},
+                                     key="steps-only"))
+        finally:
+            lane.close()
+    assert rows[0]["evidence"] != rows[1]["evidence"]
+    for row, version in zip(rows, ("v1.8.2", "v1.10.2")):
+        assert json.loads((run / row["evidence"]).read_text()) == {"version": version}
