@@ -5,8 +5,8 @@ A ``pass`` (or ``unverified``: an observation without an expectation) row whose 
 
 - missing (no such file or folder),
 - outside the run folder it was recorded in (or the folders a classification was read from),
-- empty, or truncated (a JSON Lines file whose last line is cut short or does not parse; a flight-recorder
-  timeline without its closing ``END`` record: the recording never completed), or
+- empty, or truncated (a JSON document that does not parse; a JSON Lines file whose last line is cut short or
+  does not parse; a flight-recorder timeline without its closing ``END`` record: the recording never completed), or
 - from another leg or run (a timeline whose ``END`` record names a leg or run id that is not the row's)
 
 is ``inconclusive``, its reason naming the evidence (``evidence missing: <path>``); the recorded verdict stays
@@ -89,6 +89,14 @@ def _problem(p: Path, row: dict, roots: list[Path]) -> str | None:
             return None if any(real.iterdir()) else f"evidence empty: {p}"
         if real.stat().st_size == 0:
             return f"evidence empty: {p}"
+        if real.name.endswith(".json") and real.stat().st_size <= inputs.RECORD_BYTES:
+            try:
+                json.loads(real.read_bytes())
+            except ValueError:
+                return f"evidence truncated: {p} (not a whole JSON document)"
+            except RecursionError:
+                return f"evidence unreadable: {p} (nested too deep)"
+            return None
         if not real.name.endswith(".jsonl"):
             return None
         last, newline = _last_line(real)

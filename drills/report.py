@@ -25,7 +25,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from . import timeline
-from .answer import controller_label, keyer, strip_line_refs
+from .answer import WORST_FIRST, controller_label, keyer, strip_line_refs
 from .answer_view import headline_items, is_load, load_fold, mark
 from .config import version_tuple
 from .evidence import read_judged
@@ -300,7 +300,7 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
             entry = ((str(r.get("recorded_at") or ""), str(r.get("run_id") or ""), seq), r, run_dir, png)
             labels.setdefault(key, f"{exact[0]}/{exact[1]}/{strip_line_refs(exact[2])}")
             for store, k in ((cells, key), (exact_cells, exact)):
-                if (k, column(r)) not in store or entry[0] > store[(k, column(r))][0]:
+                if (k, column(r)) not in store or _replaces(entry, store[(k, column(r))]):
                     store[(k, column(r))] = entry
         any_load = any_load or has_load(rows, series_seen)
     columns = sorted({c for _, c in cells}, key=column_key)
@@ -350,6 +350,17 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
             "meta": [],
             "notes": ([EMULATION_NOTE] if any_load else []) + [WEIGHT_NOTE], "sections": sections}
     return render(page, reports_root / "matrix.html", reports_root / "matrix.md")
+
+
+def _replaces(new: tuple, old: tuple) -> bool:
+    """Whether a row replaces another in its matrix cell: a newer run's row does; of one run's rows with one id,
+    the worse verdict (drills.answer.prevailing), so a duplicated newer pass never hides a fail."""
+    if str(new[1].get("run_id") or "") == str(old[1].get("run_id") or ""):
+        rank = [WORST_FIRST.index(e[1].get("verdict")) if e[1].get("verdict") in WORST_FIRST else 0
+                for e in (new, old)]
+        if rank[0] != rank[1]:
+            return rank[0] < rank[1]
+    return new[0] > old[0]
 
 
 def _lane_section(sec: dict, entries: dict, start: Path) -> dict:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from . import config, console, runner
-from .answer import headlines
+from .answer import headlines, prevailing
 from .errors import EXIT_OK, BadInput
 from .evidence import read_judged
 from .outputs import reports_folder
@@ -70,17 +70,16 @@ def _hazard_seen(r: dict) -> bool:
 
 
 def _report_rows(dirs: list[Path] | None) -> list[dict]:
-    """The newest row per (controller, id) of the run folders the matrix merged (default: every one)."""
+    """The row that prevails per (controller, id) of the run folders the matrix merged (default: every one)."""
     from .report import discover, readable, unique_runs
     runs = readable(unique_runs(discover(config.reports_dir()) if dirs is None else dirs), strict=False)
     rows = [r for d in runs for r in read_judged(d)]
     key = console.keyer(rows)
-    newest: dict[tuple, dict] = {}
+    by: dict[str, list[dict]] = {}
     for r in rows:
-        k = (console.controller_label(r), key(r))
-        if k not in newest or str(r.get("recorded_at") or "") >= str(newest[k].get("recorded_at") or ""):
-            newest[k] = r
-    return list(newest.values())
+        by.setdefault(console.controller_label(r), []).append(r)
+    # per controller, the row that prevails for each id: the newest run's, of one run's duplicates the worst verdict
+    return [r for col in by.values() for _, r in sorted(prevailing(col, key).values(), key=lambda x: x[0])]
 
 
 def _row_json(r: dict) -> dict:

@@ -80,6 +80,7 @@ def test_a_pass_without_its_evidence_is_inconclusive_never_pass(tmp_path):
         "empty": (run / "empty.json", "evidence empty: "),
         "no END": (timeline(run / "cut.timeline.jsonl", end=False), "evidence truncated: "),
         "cut line": (run / "half.jsonl", "evidence truncated: "),
+        "cut JSON": (run / "lane-b" / "steps-only.json", "evidence truncated: "),
         "other leg": (timeline(run / "b.timeline.jsonl", "v1.10.2/a/stage", "run1"), "evidence from another leg: "),
         "other run": (timeline(run / "o.timeline.jsonl", "v1.8.2/a/stage", "run0"), "evidence from another run: "),
         "outside": (timeline(tmp_path / "elsewhere.timeline.jsonl", "v1.8.2/a/stage", "run1"),
@@ -87,6 +88,8 @@ def test_a_pass_without_its_evidence_is_inconclusive_never_pass(tmp_path):
     }
     (run / "empty.json").write_text("")
     (run / "half.jsonl").write_text('{"seq": 1}\n{"seq": 2, "ty')
+    (run / "lane-b").mkdir()
+    (run / "lane-b" / "steps-only.json").write_text('{"envs": [{"name": "stage", "ok": tr')
     for name, (ev, reason) in cases.items():
         judged = evidence.judge(_row(run, ev), run)
         assert judged["verdict"] == INCONCLUSIVE and judged["reason"].startswith(reason), (name, judged)
@@ -280,3 +283,18 @@ def test_two_legs_of_lane_b_in_one_run_keep_their_own_evidence(tmp_path):
     assert rows[0]["evidence"] != rows[1]["evidence"]
     for row, version in zip(rows, ("v1.8.2", "v1.10.2")):
         assert json.loads((run / row["evidence"]).read_text()) == {"version": version}
+
+
+def test_a_duplicated_newer_pass_row_never_hides_a_fail_in_the_matrix_or_the_report(tmp_path):
+    from drills.report import write_matrix
+    reports = tmp_path / "reports"
+    run = run_folder(reports / "run1", [{"id": "v1.8.2/a/stage"}], rows_per_leg=1,
+                     verdicts={("v1.8.2/a/stage", 0): FAIL})
+    rows = read_rows(run / "ledger.json")
+    (run / "ledger.json").write_text(json.dumps(rows + [dict(rows[0], verdict=PASS, observed=1, shows=True,
+                                                              recorded_at="2999-01-01T00:00:00Z")]))
+    md = write_matrix([run], reports)[1].read_text()
+    line = next(x for x in md.splitlines() if x.startswith("| a/step0/"))
+    assert "**fail**" in line and "**pass**" not in line, line
+    r = drills("report", run, reports=reports)
+    assert r.stdout.startswith("prescription holds on v1.8.2: no"), r.stdout
