@@ -175,16 +175,35 @@ def declared(row: dict) -> dict:
             "fact": _legacy_fact(row) if legacy else row.get("fact"), "condition": cond}
 
 
+# --- the row that speaks for an id ----------------------------------------------------------------------------
+WORST_FIRST = (FAIL, INCONCLUSIVE, UNVERIFIED, PASS, NOT_APPLICABLE)
+
+
+def _run_of(row: dict) -> str:
+    return str(row.get("shard_run_id") or row.get("run_id") or "")
+
+
+def prevailing(rows: list[dict], key) -> dict:
+    """key -> (index, row): the row that speaks for each key among ``rows`` (one controller's).  Rows of several
+    runs: the newest run's (recorded_at, then order: a run again replaces an older one).  Several rows of one
+    run with one key (a leg recorded an id twice, or a row was copied in): the worst verdict counts (fail,
+    inconclusive, unverified, pass, not applicable), so a duplicated newer pass never hides a fail."""
+    groups: dict = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(key(r), []).append((i, r))
+    out = {}
+    for k, items in groups.items():
+        newest = max(items, key=lambda x: (str(x[1].get("recorded_at") or ""), x[0]))
+        same_run = [x for x in items if _run_of(x[1]) == _run_of(newest[1])]
+        out[k] = min(same_run, key=lambda x: (WORST_FIRST.index(x[1].get("verdict"))
+                                              if x[1].get("verdict") in WORST_FIRST else 0,
+                                              -x[0]))
+    return out
+
+
 # --- the headline ------------------------------------------------------------------------------------------
 def _newest(rows: list[dict]) -> list[dict]:
-    key = keyer(rows)
-    out: dict[str, tuple] = {}
-    for i, r in enumerate(rows):
-        rank = (str(r.get("recorded_at") or ""), i)
-        k = key(r)
-        if k not in out or rank > out[k][0]:
-            out[k] = (rank, r)
-    return [r for _, r in sorted(out.values(), key=lambda x: x[0][1])]
+    return [r for _, r in sorted(prevailing(rows, keyer(rows)).values(), key=lambda x: x[0])]
 
 
 def _fmt(v) -> str:

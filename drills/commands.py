@@ -224,7 +224,9 @@ def cmd_run(args) -> int:
     code, run_dir, rows = runner.run(chosen, jobs=args.jobs, env=env, binaries=[binary] if binary else [],
                                      keep_cluster=args.keep_cluster,
                                      meta=meta, log=_progress)
-    print(console.run_summary(rows, run_dir))           # the answer first, then every row
+    for line in runner.verdict(run_dir)[1]:              # what the run lacks first: a leg killed, evidence missing
+        print(f"INCOMPLETE: {line}")
+    print(console.run_summary(rows, run_dir))           # the answer, then every row
     print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  matrix: {run_dir.parent / 'matrix.html'}")
     if binary:
         print(f"{binary.label} is a user-built controller: its rows are observations, not held to a release's "
@@ -283,7 +285,9 @@ def cmd_upgrade_check(args) -> int:
         _progress(f"run folder: {run_dir}")
     else:
         doc = json.loads((run_dir / UPGRADE_FILE).read_text()) if (run_dir / UPGRADE_FILE).exists() else {}
-        for line in doc.get("new_hazards") or []:          # the answer first: what gates the upgrade
+        for line in doc.get("missing") or []:               # what the comparison lacks first: no go without it
+            print(f"!! INCOMPLETE: {line}")
+        for line in doc.get("new_hazards") or []:          # then what gates the upgrade
             print(line)
         for h in doc.get("headlines") or []:
             print(h["text"])

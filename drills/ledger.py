@@ -2,7 +2,8 @@
 
 Fields (DESIGN.md §4): run_id, target, controller_version, lane, step, assertion, expected, observed,
 verdict, evidence; plus reason (for inconclusive / not_applicable), controller_sha256 and controller_name
-(user-built controllers: the version they report plus their commit) and free-form details.  What a row means
+(user-built controllers: the version they report plus their commit), ``leg`` (the id of the leg of `drills run`
+that wrote the row, controller/lane/variant: a row is tied to its leg) and free-form details.  What a row means
 for the prescription (drills.answer): ``id`` (lane/step/key), ``polarity`` (holds, hazard, neutral), ``shows``,
 ``fact`` and, for a version hazard, ``condition``.  Provenance: drills_version, drills_commit,
 kubernetes_version.  Several processes of one run (one per controller version) append to the same file under
@@ -100,7 +101,7 @@ def read_rows(path: Path) -> list[dict]:
 class Ledger:
     def __init__(self, run_dir: Path, run_id: str, target: str, controller_version: str,
                  controller_sha256: str | None = None, controller_name: str | None = None,
-                 kubernetes_version: str | None = None):
+                 kubernetes_version: str | None = None, leg: str | None = None):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "ledger.json"
         self.run_id = run_id
@@ -110,6 +111,7 @@ class Ledger:
         self.controller_name = controller_name        # a user-built controller's: its version plus its commit
         # the embedded cluster runs the pinned Kubernetes; a live target says its own (None: not known)
         self.kubernetes_version = kubernetes_version or (config.KUBERNETES_VERSION if target == "embedded" else None)
+        self.leg = leg                                # the leg of `drills run` that writes these rows
         self.rows: list[dict] = []
 
     def record(self, lane: str, step: str, assertion: str, expected, observed, verdict: str,
@@ -139,6 +141,8 @@ class Ledger:
             row["controller_sha256"] = self.controller_sha256
         if self.controller_name:
             row["controller_name"] = self.controller_name
+        if self.leg:
+            row["leg"] = self.leg
         if details:
             row["details"] = details
         self.rows.append(row)

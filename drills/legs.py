@@ -5,7 +5,9 @@ order, each lane's variants); ``--shard I/N`` takes a deterministic part of them
 durations (the longest first onto the least-loaded shard, ties by leg id), so every leg is in exactly one shard
 when every shard plans with the same durations.  Durations are measured by every run and kept in the cache
 (``$DRILLS_CACHE/legs/durations.json``); a leg never measured counts with its lane's estimate.  The plan records
-the digest of what it was balanced with, so a merge of shards can prove they were cut from one plan.
+the digest of what it was balanced with, so a merge of shards can prove they were cut from one plan.  Every row
+names the leg that wrote it; ``coverage`` says what a run folder's legs lack (a leg that did not run, was killed or
+recorded nothing), which makes a run, a merge or an upgrade-check inconclusive.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from . import config, inputs
 from .errors import BadInput
 from .lanes import REGISTRY
+from .ledger import exit_code
 
 # a leg never measured: rough minutes per lane on the embedded cluster (replaced by measured durations)
 ESTIMATES_S = {"a": 150.0, "b": 120.0, "abort": 330.0, "order": 260.0, "escape": 600.0}
@@ -173,3 +176,82 @@ def read_run_meta(run_dir: Path) -> dict:
     if not isinstance(all_legs, list) or not all(isinstance(x, str) for x in all_legs):
         raise BadInput(f"{p}: all_legs must be a list of leg ids")
     return meta
+
+
+# --- what a leg's record and rows say: coverage ---------------------------------------------------------------
+PYTEST_EXITS = {2: "interrupted", 3: "internal error", 4: "usage error", 5: "no tests collected"}
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Something a run, a merge or an upgrade-check expected and lacks: a leg that did not run or did not finish,
+    or ended with no rows.  ``code``: 3 inconclusive; 2 a leg refused before it started (bad input); 1 pytest failed
+    a test of the leg while none of its rows failed (a step stopped before it could record its row)."""
+    leg: str
+    code: int
+    cause: str
+
+    @property
+    def text(self) -> str:
+        return f"leg {self.leg}: {self.cause}"
+
+
+def rows_of(rows: list[dict], record: dict) -> list[dict]:
+    """The rows a leg wrote (``record``: its entry in run.json): the rows naming it (``leg``); a row recorded
+    without a leg, by its lane, controller and (when it says one) variant."""
+    parts = str(record.get("id") or "").rsplit("/", 2)        # controller/lane/variant, when the record lacks them
+    controller, lane, want = (record.get(k) or (parts[i] if len(parts) == 3 else None)
+                              for i, k in enumerate(("controller", "lane", "variant")))
+
+    def mine(r: dict) -> bool:
+        if r.get("leg"):
+            return r["leg"] == record.get("id")
+        if r.get("lane") != lane:
+            return False
+        variant = (r.get("details") or {}).get("variant") if isinstance(r.get("details"), dict) else None
+        if variant and want and variant != want:
+            return False
+        if record.get("release"):          # a user-built controller: its name (version plus commit)
+            return r.get("controller_name") == controller
+        return r.get("controller_version") == controller and not r.get("controller_sha256")
+    return [r for r in rows if isinstance(r, dict) and mine(r)]
+
+
+def leg_gap(record: dict, rows: list[dict]) -> Gap | None:
+    """What a leg's end says of its rows (``rows``: the leg's own): None when pytest finished (exit 0, or 1 with a
+    failing row) and recorded rows; else the Gap, its cause named."""
+    leg, rc, error = str(record.get("id")), record.get("rc"), record.get("error")
+    if error:
+        if rc == 2:
+            return Gap(leg, 2, f"refused before it started: {error}")
+        return Gap(leg, 3, f"did not run to its end: {error}")
+    if isinstance(rc, bool) or not isinstance(rc, int):
+        return Gap(leg, 3, "no exit recorded: it did not finish")
+    if rc < 0:
+        return Gap(leg, 3, f"pytest was killed by signal {-rc}" + (f" after {len(rows)} row(s): its rows are "
+                                                                  f"incomplete" if rows else ", before any row"))
+    if rc not in (0, 1):
+        return Gap(leg, 3, f"pytest exit {rc} ({PYTEST_EXITS.get(rc, 'not a finished test run')}): it did not "
+                           f"finish" + (f", its {len(rows)} row(s) are incomplete" if rows else ", no row"))
+    if not rows:
+        return Gap(leg, 3, f"pytest exit {rc} and no row recorded: nothing shows what it observed")
+    if rc == 1 and exit_code(rows) == 0:
+        return Gap(leg, 1, "pytest exit 1 while none of its rows failed: a step stopped before it recorded its "
+                           "row (its log in legs/)")
+    return None
+
+
+def coverage(meta: dict, rows: list[dict], whole: bool = False) -> list[Gap]:
+    """Every gap of a run folder (``meta``: its run.json): each leg's (leg_gap) and, ``whole`` (a merge: the plan
+    is expected), each leg of the plan no folder ran, first."""
+    ran = [x for x in meta.get("legs") or [] if isinstance(x, dict)]
+    out = []
+    if whole:
+        have = {x.get("id") for x in ran}
+        out += [Gap(i, 3, "no shard ran it (its run folder was not given, or its upload is missing)")
+                for i in meta.get("all_legs") or [] if i not in have]
+    for record in ran:
+        gap = leg_gap(record, rows_of(rows, record))
+        if gap is not None:
+            out.append(gap)
+    return out

@@ -38,7 +38,8 @@ def defaults() -> dict:
     """Each option's default (dest -> value): the environment's DRILLS_* settings."""
     env = os.environ.get
     return {"drills_controller": env("DRILLS_CONTROLLER"), "drills_run_dir": env("DRILLS_RUN_DIR"),
-            "drills_run_id": env("DRILLS_RUN_ID"), "drills_controller_binary": env("DRILLS_CONTROLLER_BINARY"),
+            "drills_run_id": env("DRILLS_RUN_ID"), "drills_leg": env("DRILLS_LEG"),
+            "drills_controller_binary": env("DRILLS_CONTROLLER_BINARY"),
             "drills_crds": env("DRILLS_CRDS"), "drills_source": env("DRILLS_SOURCE"),
             "drills_availability_control": env("DRILLS_AVAILABILITY_CONTROL", "on"),
             "drills_rollback_via": env("DRILLS_ROLLBACK_VIA", "gitops"),
@@ -55,6 +56,8 @@ def pytest_addoption(parser):
     g.addoption("--drills-run-dir", dest="drills_run_dir", default=d["drills_run_dir"],
                 help="run folder the ledger and evidence go to")
     g.addoption("--drills-run-id", dest="drills_run_id", default=d["drills_run_id"])
+    g.addoption("--drills-leg", dest="drills_leg", default=d["drills_leg"],
+                help="the leg of `drills run` this session is (controller/lane/variant): every row names it")
     g.addoption("--drills-controller-binary", dest="drills_controller_binary", default=d["drills_controller_binary"],
                 help="a user-built rollouts-controller to run instead of a built release")
     g.addoption("--drills-crds", dest="drills_crds", default=d["drills_crds"],
@@ -211,7 +214,7 @@ def drills_ledger(drills_run_dir, drills_cluster, request):
     info = _user_built(request.config) if st.get("controller_binary") else None
     return Ledger(drills_run_dir, run_id, target="embedded", controller_version=version,
                   controller_sha256=st.get("controller_sha256") if st.get("controller_binary") else None,
-                  controller_name=info.name if info else None)
+                  controller_name=info.name if info else None, leg=request.config.getoption("drills_leg") or None)
 
 
 @pytest.fixture(scope="session")

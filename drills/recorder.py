@@ -9,7 +9,9 @@ connection, so no change is skipped.  If the apiserver answers 410 (history comp
 re-lists; for the VirtualService the timeline then stays complete only if the re-listed object is the
 one already recorded (same resourceVersion); otherwise it is marked incomplete.  On the embedded cluster
 the apiserver's audit log is the independent proof: every VirtualService resourceVersion it handed out must
-be in the timeline.  A watch that fails for good marks the recording incomplete.
+be in the timeline.  A watch that fails for good marks the recording incomplete.  The closing END record names
+the leg and run that recorded it (under `drills run`), so a row can prove the timeline it names is its own
+(drills.evidence).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from kubernetes.client.rest import ApiException
 
 from . import kube
 from .errors import BadInput
+from .evidence import leg_stamp
 from .podtemplate import app_container_name, container_images, selector_string
 from .rollout import HASH_LABEL, Rollouts, healthy
 from .signals import Interrupted, SignalGuard
@@ -335,7 +338,7 @@ class Recorder:
                                                "reconnects": self.reconnects,
                                                "audit_writes_checked": self.audit_checked,
                                                "audit_log_checked": self.audit_log is not None,
-                                               "notes": self.notes}}
+                                               "notes": self.notes, **leg_stamp()}}
         self.records.append(rec)
         self._fh.write(json.dumps(rec) + "\n")
 

@@ -5,7 +5,8 @@ Both pages open with the answer: one headline per controller version ("prescript
 says what it means for the prescription beside its verdict, and load rows fold under their phase.
 
 Inputs are run folders, reports/<run-id>/, each holding ledger.json (drills.ledger) and the evidence its rows
-point at; a row whose evidence is a timeline gets the plot of that timeline's series (drills.plots), drawn once
+point at (each row judged against it, drills.evidence: a pass whose evidence is missing shows inconclusive); a
+row whose evidence is a timeline gets the plot of that timeline's series (drills.plots), drawn once
 and redrawn only when the series is newer than the picture.  Both pages are one view model (a title, meta
 lines, notes, and sections of tables and figures, each table's columns declared once) rendered by the Jinja2
 templates in drills/templates/ to HTML and Markdown.  Lane-specific sections come from the lanes themselves
@@ -24,9 +25,10 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from . import timeline
-from .answer import controller_label, keyer, strip_line_refs
+from .answer import WORST_FIRST, controller_label, keyer, strip_line_refs
 from .answer_view import headline_items, is_load, load_fold, mark
 from .config import version_tuple
+from .evidence import read_judged
 from .lanes import LANES
 from .ledger import LedgerError, read_rows
 from .plots import num, pct, plot_series
@@ -193,7 +195,7 @@ def discover(reports_root: Path) -> list[Path]:
 def write_run_report(run_dir: Path, plots: Plots | None = None) -> tuple[Path, Path]:
     """Write run_dir/report.html and run_dir/report.md from run_dir/ledger.json and its evidence."""
     run_dir = Path(run_dir)
-    rows = read_rows(run_dir / "ledger.json")
+    rows = read_judged(run_dir)          # a pass whose evidence fails shows inconclusive, saying why
     plots = plots or Plots()
     run_ids = sorted({str(r.get("run_id")) for r in rows if r.get("run_id")}) or [run_dir.name]
     columns = sorted({column(r) for r in rows}, key=column_key)
@@ -278,7 +280,7 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
                     strict=run_dirs is not None and strict)
     plots, run_info, cells, exact_cells, order, seq, any_load = Plots(), [], {}, {}, {}, 0, False
     labels: dict[tuple, str] = {}
-    ledgers = {run_dir: read_rows(run_dir / "ledger.json") for run_dir in runs}
+    ledgers = {run_dir: read_judged(run_dir) for run_dir in runs}
     pair_key = keyer(*ledgers.values())
     for run_dir in runs:
         rows = ledgers[run_dir]
@@ -298,7 +300,7 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
             entry = ((str(r.get("recorded_at") or ""), str(r.get("run_id") or ""), seq), r, run_dir, png)
             labels.setdefault(key, f"{exact[0]}/{exact[1]}/{strip_line_refs(exact[2])}")
             for store, k in ((cells, key), (exact_cells, exact)):
-                if (k, column(r)) not in store or entry[0] > store[(k, column(r))][0]:
+                if (k, column(r)) not in store or _replaces(entry, store[(k, column(r))]):
                     store[(k, column(r))] = entry
         any_load = any_load or has_load(rows, series_seen)
     columns = sorted({c for _, c in cells}, key=column_key)
@@ -348,6 +350,17 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
             "meta": [],
             "notes": ([EMULATION_NOTE] if any_load else []) + [WEIGHT_NOTE], "sections": sections}
     return render(page, reports_root / "matrix.html", reports_root / "matrix.md")
+
+
+def _replaces(new: tuple, old: tuple) -> bool:
+    """Whether a row replaces another in its matrix cell: a newer run's row does; of one run's rows with one id,
+    the worse verdict (drills.answer.prevailing), so a duplicated newer pass never hides a fail."""
+    if str(new[1].get("run_id") or "") == str(old[1].get("run_id") or ""):
+        rank = [WORST_FIRST.index(e[1].get("verdict")) if e[1].get("verdict") in WORST_FIRST else 0
+                for e in (new, old)]
+        if rank[0] != rank[1]:
+            return rank[0] < rank[1]
+    return new[0] > old[0]
 
 
 def _lane_section(sec: dict, entries: dict, start: Path) -> dict:

@@ -1,5 +1,8 @@
 """`drills report`: each run's report and the matrix, then the headline per controller version and the rows that fail
-or show a hazard (drills.cli owns the arguments; drills.commands calls ``run``)."""
+or show a hazard (drills.cli owns the arguments; drills.commands calls ``run``).  Rows are judged against their
+evidence (drills.evidence).  ``--merge`` exits with the merged run's verdict (drills.runner.verdict, every leg of
+the plan expected): 3 when a leg is missing, did not finish or a row's evidence fails, each named on stdout
+before anything else (``INCOMPLETE: ...``), 1 a fail, 0 all pass."""
 from __future__ import annotations
 
 import json
@@ -7,9 +10,9 @@ import sys
 from pathlib import Path
 
 from . import config, console, runner
-from .answer import headlines
+from .answer import headlines, prevailing
 from .errors import EXIT_OK, BadInput
-from .ledger import read_rows
+from .evidence import read_judged
 from .outputs import reports_folder
 from .report import write_matrix
 from .viewmodel import is_run_dir
@@ -25,8 +28,14 @@ def run(args, log) -> int:
     if missing:
         raise BadInput(f"no such run folder: {', '.join(map(str, missing))}")
     reports_folder()
+    code, missing = EXIT_OK, []
     if args.merge:
         merged = runner.merge([Path(d) for d in given], log=log)
+        # the merge's verdict, as if one machine had run every leg: what is missing first, then the folder
+        code, missing, _ = runner.verdict(merged, whole=True)
+        if not args.json:
+            for line in missing:
+                print(f"INCOMPLETE: {line}")
         print(merged)
         given = [str(merged)]
     for d in given:
@@ -39,8 +48,9 @@ def run(args, log) -> int:
     flagged = [r for r in rows if r.get("verdict") == "fail" or _hazard_seen(r)]
     if args.json:
         print(json.dumps({"headlines": headlines(rows), "failing_or_hazard": [_row_json(r) for r in flagged],
-                          "matrix": {"html": str(html_path), "md": str(md_path)}}, indent=2, default=str))
-        return EXIT_OK
+                          "matrix": {"html": str(html_path), "md": str(md_path)},
+                          **({"incomplete": missing, "exit": code} if args.merge else {})}, indent=2, default=str))
+        return code
     print("\n".join(console.headline_lines(rows)) or "no rows")
     if flagged:
         print(f"\n{len(flagged)} row(s) failing or showing a hazard:")
@@ -51,7 +61,7 @@ def run(args, log) -> int:
                   f"{console.text(r.get('observed'))} (expected {console.text(r.get('expected'))}){seen}"
                   + (f"; evidence {r['evidence']}" if r.get("evidence") else ""))
     print(f"\nmatrix: {html_path}\n        {md_path}")
-    return EXIT_OK
+    return code
 
 
 def _hazard_seen(r: dict) -> bool:
@@ -60,17 +70,16 @@ def _hazard_seen(r: dict) -> bool:
 
 
 def _report_rows(dirs: list[Path] | None) -> list[dict]:
-    """The newest row per (controller, id) of the run folders the matrix merged (default: every one)."""
+    """The row that prevails per (controller, id) of the run folders the matrix merged (default: every one)."""
     from .report import discover, readable, unique_runs
     runs = readable(unique_runs(discover(config.reports_dir()) if dirs is None else dirs), strict=False)
-    rows = [r for d in runs for r in read_rows(d / "ledger.json")]
+    rows = [r for d in runs for r in read_judged(d)]
     key = console.keyer(rows)
-    newest: dict[tuple, dict] = {}
+    by: dict[str, list[dict]] = {}
     for r in rows:
-        k = (console.controller_label(r), key(r))
-        if k not in newest or str(r.get("recorded_at") or "") >= str(newest[k].get("recorded_at") or ""):
-            newest[k] = r
-    return list(newest.values())
+        by.setdefault(console.controller_label(r), []).append(r)
+    # per controller, the row that prevails for each id: the newest run's, of one run's duplicates the worst verdict
+    return [r for col in by.values() for _, r in sorted(prevailing(col, key).values(), key=lambda x: x[0])]
 
 
 def _row_json(r: dict) -> dict:

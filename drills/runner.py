@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import config
+from . import config, evidence
 from . import legs as legsmod
 from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
 from .errors import BadInput, combine_exit_codes
@@ -78,8 +78,11 @@ def keep_cluster_logs(cluster: EmbeddedCluster, dest: Path) -> Path:
 
 
 def leg_rows(rows: list[dict], leg: Leg, binary: "Binary | None" = None) -> list[dict]:
-    """The ledger rows one leg wrote: its lane, and its controller (a user-built one by its sha256)."""
+    """The ledger rows one leg wrote: the rows naming it (``leg``); a row recorded without, by its lane and its
+    controller (a user-built one by its sha256)."""
     def mine(r: dict) -> bool:
+        if r.get("leg"):
+            return r["leg"] == leg.id
         if r.get("lane") != leg.lane:
             return False
         if binary is not None and binary.sha256:
@@ -238,11 +241,12 @@ class Run:
             cmd = [sys.executable, "-m", "pytest", "-p", "no:locust", "-p", "no:cacheprovider", "-p",
                    "drills.pytest_plugin", "-q", "-rfE", "--no-header", "--drills-controller", leg.controller,
                    "--drills-lane-a-variant", leg.variant,
-                   "--drills-run-dir", str(self.run_dir), "--drills-run-id", self.run_id,
+                   "--drills-run-dir", str(self.run_dir), "--drills-run-id", self.run_id, "--drills-leg", leg.id,
                    f"--junitxml={self.run_dir / f'junit-{leg.slug}.xml'}",
                    *([f"--rootdir={root}"] if tests.is_relative_to(root) else []), str(tests)]
+            # the leg and run its rows and recordings name (drills.evidence: a row's evidence must be its own)
             env = dict(os.environ, **self.env, **(binary.env() if binary else {}), DRILLS_CLUSTER=cluster.name,
-                       DRILLS_KEEP_CLUSTER="1")
+                       DRILLS_KEEP_CLUSTER="1", DRILLS_LEG=leg.id, DRILLS_RUN_ID=self.run_id)
             # a run started from inside a pytest-xdist worker: the leg's pytest is no worker (a worker's name
             # would rename the leg's cluster to one nobody started)
             for name in [k for k in env if k.startswith("PYTEST_XDIST_")]:
@@ -349,15 +353,7 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
                                                                  seconds=round(results[x.id].seconds, 1),
                                                                  error=results[x.id].error) for x in plan]),
                                                  indent=1))
-    rows = read_rows(run_dir / "ledger.json")
-    codes = [exit_code(rows)]
-    for res in results.values():
-        mine = leg_rows(rows, res.leg, r._binary(res.leg))
-        if res.rc == 2:
-            codes.append(2)
-        elif res.rc != 0 and exit_code(mine) == 0:
-            codes.append(1)     # a step failed (or pytest could not run) before it could record a row
-    code = combine_exit_codes(*codes)
+    code, _, rows = verdict(run_dir)
     try:
         write_run_report(run_dir)
         write_matrix(None, run_dir.parent)
@@ -370,12 +366,34 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
     return code, run_dir, rows
 
 
+def verdict(run_dir: Path, whole: bool = False) -> tuple[int, list[str], list[dict]]:
+    """A run folder's verdict: (exit code, what is missing, its rows judged against their evidence).  The rows'
+    exit (drills.ledger) combined with every gap of its legs (drills.legs.coverage: a leg that could not start,
+    was killed or did not finish, or recorded no row, is inconclusive; ``whole``: every leg of the plan is
+    expected, as in a merge); what is missing is named leg by leg, then each row whose evidence fails."""
+    run_dir = Path(run_dir)
+    rows = evidence.read_judged(run_dir)
+    gaps = legsmod.coverage(legsmod.read_run_meta(run_dir), rows, whole=whole)
+    lines = [g.text for g in gaps]
+    judged = [r for r in rows if r.get("recorded_verdict")]
+    lines += [f"{r.get('controller_name') or r.get('controller_version')} {r.get('id') or r.get('assertion')}: "
+              f"{r.get('recorded_verdict')} -> inconclusive, {r.get('reason')}" for r in judged[:MISSING_SHOWN]]
+    if len(judged) > MISSING_SHOWN:
+        lines.append(f"... and {len(judged) - MISSING_SHOWN} more row(s) whose evidence fails (report.md)")
+    return combine_exit_codes(exit_code(rows), *(g.code for g in gaps)), lines, rows
+
+
+MISSING_SHOWN = 20            # rows whose evidence fails, named one by one before "... and N more"
+
+
 # --- shards merged into one run folder -------------------------------------------------------------------------
 def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], None] | None = None) -> Path:
     """Merge shard run folders into one run folder, as if one machine had run every leg: the rows (run id
-    rewritten to the merged run's), the evidence folders, the JUnit files, the leg records.  Refused (bad input)
-    when a folder is not a shard run folder, when the shards were cut from different plans, or when a leg is
-    in two shards; a leg of the plan no shard ran is said."""
+    rewritten to the merged run's, the shard's kept as ``shard_run_id``), the evidence folders, the JUnit files,
+    the leg records.  Refused (bad input) when a folder is not a shard run folder, when the shards were cut from
+    different plans, when a leg is in two shards, or when a shard carries rows of a leg it did not run (its
+    run.json ``legs``); a leg of the plan no shard ran is said, and makes the merge's verdict
+    (``verdict(dest, whole=True)``) inconclusive."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     metas = []
     for d in run_dirs:
@@ -390,6 +408,15 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
             if leg["id"] in seen:
                 raise BadInput(f"leg {leg['id']} is in two run folders ({seen[leg['id']]} and {d})")
             seen[leg["id"]] = d
+    shard_rows = {d: read_rows(d / "ledger.json") for d, _ in metas}
+    for d, m in metas:            # a shard's rows are its own legs' rows: another leg's would override its shard's
+        ran = m.get("legs") or []
+        for r in shard_rows[d]:
+            owner = r.get("leg") or next((x["id"] for x in ran if legsmod.rows_of([r], x)), None)
+            if owner not in {x["id"] for x in ran}:
+                what = owner or f"of lane {r.get('lane')} on {r.get('controller_name') or r.get('controller_version')}"
+                raise BadInput(f"{d}: it carries rows of leg {what}, which this shard did not run (its run.json "
+                               f"legs: {', '.join(x['id'] for x in ran) or 'none'}): refused")
     planned = set(metas[0][1].get("all_legs") or seen)
     if planned - set(seen):
         log(f"merge: leg(s) no shard ran: {', '.join(sorted(planned - set(seen)))}")
@@ -405,7 +432,8 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
                 shutil.copytree(item, target, dirs_exist_ok=True)
             else:
                 shutil.copy2(item, target)
-        rows += [dict(r, run_id=dest.name) for r in read_rows(d / "ledger.json")]
+        rows += [dict(r, run_id=dest.name, shard_run_id=r.get("shard_run_id") or r.get("run_id"))
+                 for r in shard_rows[d]]
     (dest / "ledger.json").write_text(json.dumps(rows, indent=2, default=str))
     (dest / "run.json").write_text(json.dumps({
         "run_id": dest.name, "merged_from": [str(d) for d, _ in metas], "plan_digest": digests.pop(),

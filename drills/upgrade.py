@@ -9,7 +9,8 @@ described there):
 
 - ``same`` / ``improved`` / ``regressed`` / ``changed`` (neither better nor worse by that direction);
 - ``new``: a real observation (pass, fail, unverified) on the candidate only -- the baseline has no row or
-  records the assertion ``not_applicable``; ``gone``: the reverse;
+  records the assertion ``not_applicable``; ``gone``: the reverse (a ``gone`` whose candidate has no row at all
+  is missing evidence: the upgrade-check is inconclusive);
 - ``inconclusive``: either side inconclusive (never ``same``).
 
 The directions are data, next to the lanes' other fixtures (expectations, thresholds): adding an assertion
@@ -18,7 +19,9 @@ and saying which way is better are one edit in one place, readable without the c
 
 Exit rule (DESIGN.md §6 precedence): 2 bad input > 1 something regressed, or the candidate shows a hazard the
 baseline lacks (a ``hazard`` row whose exposure the candidate shows and the baseline does not, or a ``new`` or
-``changed`` hazard row the candidate shows: whatever its class) > 3 a pair or leg inconclusive > 0.
+``changed`` hazard row the candidate shows: whatever its class) > 3 a pair or leg inconclusive, or a row of the
+baseline the candidate lacks > 0.  Of several rows with one id on one side, the newest run's counts, and of one
+run's duplicates the worst verdict (drills.answer.prevailing).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from . import config
-from .answer import HAZARD, controller_label, declared, keyer, strip_line_refs
+from .answer import HAZARD, controller_label, declared, keyer, prevailing, strip_line_refs
 from .ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, VERDICTS, finite_number
 
 SAME, IMPROVED, REGRESSED, CHANGED, NEW, GONE = "same", "improved", "regressed", "changed", "new", "gone"
@@ -167,10 +170,10 @@ def column_of(row: dict) -> str:
 
 
 def _index(rows, side: str, key=None) -> dict[str, dict]:
-    """Rows by pairing key (their id); of several rows with one key the newest (recorded_at, then order)."""
+    """Rows by pairing key (their id); of several rows with one key the one that prevails (drills.answer): the
+    newest run's, and of one run's duplicates the worst verdict, so a duplicated newer pass never hides a fail."""
     if not isinstance(rows, (list, tuple)):
         raise UpgradeInputError(f"{side} rows: expected a list of ledger rows, got {type(rows).__name__}")
-    out: dict[tuple, tuple] = {}
     for i, r in enumerate(rows):
         if not isinstance(r, dict):
             raise UpgradeInputError(f"{side} row {i}: not a ledger row ({type(r).__name__})")
@@ -179,11 +182,7 @@ def _index(rows, side: str, key=None) -> dict[str, dict]:
             raise UpgradeInputError(f"{side} row {i}: missing {', '.join(missing)}")
         if r["verdict"] not in VERDICTS:
             raise UpgradeInputError(f"{side} row {i}: unknown verdict {r['verdict']!r}")
-        k = (key or keyer(rows))(r)
-        rank = (str(r.get("recorded_at") or ""), i)
-        if k not in out or rank > out[k][0]:
-            out[k] = (rank, r)
-    return {k: v[1] for k, v in out.items()}
+    return {k: v[1] for k, v in prevailing(rows, key or keyer(rows)).items()}
 
 
 
@@ -366,13 +365,19 @@ def new_hazards(changes: list[Change]) -> list[Change]:
     return [c for c in changes if c.new_hazard]
 
 
+def missing_on_candidate(changes: list[Change]) -> list[Change]:
+    """The baseline's observations the candidate has no row for (``gone`` without a candidate row): the row set
+    the baseline shows is what the candidate is expected to show, so each is missing evidence, never a go."""
+    return [c for c in changes if c.cls == GONE and c.candidate is None]
+
+
 def exit_code(changes: list[Change], inconclusive_legs: int = 0) -> int:
-    """1 something regressed or a new hazard > 3 a pair or leg inconclusive > 0 (bad input, 2, is raised as
-    UpgradeInputError)."""
+    """1 something regressed or a new hazard > 3 a pair or leg inconclusive, or a baseline row the candidate lacks
+    (missing_on_candidate) > 0 (bad input, 2, is raised as UpgradeInputError)."""
     classes = {c.cls for c in changes}
     if REGRESSED in classes or new_hazards(changes):
         return EXIT_REGRESSED
-    if INCONCLUSIVE_PAIR in classes or inconclusive_legs:
+    if INCONCLUSIVE_PAIR in classes or inconclusive_legs or missing_on_candidate(changes):
         return EXIT_INCONCLUSIVE
     return EXIT_OK
 

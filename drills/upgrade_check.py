@@ -8,8 +8,12 @@ parallel when the machine holds it: one embedded cluster per side), into one run
 section: the table of changes, then both timelines of each changed drill in one picture.
 
 Exit: 2 bad input (or a leg refused its target), 1 something regressed or the candidate shows a hazard the
-baseline lacks (whatever its class), 3 a pair or a leg inconclusive, 0.  ``upgrade.json`` opens with the
-answer per side (drills.answer's headline) and the new hazards, which the console prints first.
+baseline lacks (whatever its class), 3 a pair or a leg inconclusive, 0.  Coverage is part of the verdict: a leg
+that could not start, was killed, did not finish (pytest exit other than 0, or 1 without a failing row) or recorded
+no row, a side without rows, and a row of the baseline the candidate lacks make it inconclusive unless something
+gates harder; every row is judged against its evidence first (drills.evidence).  ``upgrade.json`` opens with the
+answer per side (drills.answer's headline), the new hazards and what is missing; the console prints what is
+missing first, then the new hazards.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ from .answer import headline
 from .branches import SourceMapError, find_branches, source_file
 from .controller_binary import ControllerBinaryError, inspect_binary
 from .errors import EXIT_BAD_INPUT, BadInput
-from .ledger import INCONCLUSIVE, new_run_id, read_rows
+from .evidence import read_judged
+from .ledger import new_run_id
 from .report import write_matrix, write_run_report
 from .upgrade_report import UPGRADE_FILE
 from .viewmodel import is_run_dir
@@ -95,8 +100,10 @@ def interleave(a: list[legs.Leg], b: list[legs.Leg]) -> list[legs.Leg]:
     return out
 
 
-def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[str], inconclusive_legs: int = 0
-                 ) -> tuple[int, list[upgrade.Change]]:
+def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[str], inconclusive_legs: int = 0,
+                 gaps: list[str] = ()) -> tuple[int, list[upgrade.Change]]:
+    """Classify the rows; ``gaps``: what the legs lack (each one inconclusive), named first in upgrade.json's
+    ``missing`` with each side without rows and each baseline row the candidate lacks."""
     mine = [r for r in rows if r.get("lane") in lane_keys]
     base = [r for r in mine if sides.is_baseline(r)]
     cand = [r for r in mine if sides.is_candidate(r)]
@@ -105,19 +112,53 @@ def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[
                        f"{run_dir}")
     changes = upgrade.classify(base, cand)
     missing_sides = [name for name, got in ((sides.baseline, base), (sides.candidate, cand)) if not got]
-    code = upgrade.exit_code(changes, inconclusive_legs + len(missing_sides))
+    code = upgrade.exit_code(changes, inconclusive_legs + len(gaps) + len(missing_sides))
+    lacking = upgrade.missing_on_candidate(changes)
+    missing = [*gaps, *(f"{name}: no row for lanes {', '.join(lane_keys)}" for name in missing_sides)]
+    missing += [f"{r.get('controller_name') or r.get('controller_version')} {r.get('id') or r.get('assertion')}: "
+                f"{r.get('recorded_verdict')} -> inconclusive, {r.get('reason')}"
+                for r in [r for r in base + cand if r.get("recorded_verdict")][:MISSING_SHOWN]]
+    if lacking:
+        missing.append(f"{len(lacking)} row(s) of the baseline {sides.baseline} missing on the candidate "
+                       f"{sides.candidate}: " + ", ".join(str(c.id) for c in lacking[:MISSING_SHOWN])
+                       + (f" and {len(lacking) - MISSING_SHOWN} more" if len(lacking) > MISSING_SHOWN else ""))
     doc = {"headlines": [headline(base, sides.baseline), headline(cand, sides.candidate)],
-           "new_hazards": upgrade.hazard_lines(changes),
+           "new_hazards": upgrade.hazard_lines(changes), "missing": missing,
            "baseline": sides.baseline, "candidate": sides.candidate, "candidate_sha256": sides.sha256,
            "candidate_binary": str(sides.binary.path) if sides.binary else None,
            "crd_warning": sides.binary.crd_warning if sides.binary else None,
            "lanes": lane_keys, "counts": upgrade.count_classes(changes), "exit": code,
-           "inconclusive_legs": inconclusive_legs, "sides_without_rows": missing_sides,
+           "inconclusive_legs": inconclusive_legs + len(gaps), "sides_without_rows": missing_sides,
            "changes": [c.as_dict() for c in sorted(changes, key=upgrade._sort_key)]}
     tmp = run_dir / (UPGRADE_FILE + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1, default=str))
     tmp.replace(run_dir / UPGRADE_FILE)
     return code, changes
+
+
+MISSING_SHOWN = 20      # ids of missing rows named one by one
+
+
+def _legs_of(meta: dict, sides: Sides, keys: list[str]) -> list[dict]:
+    """The legs of a recorded run folder that ran these lanes on either side."""
+    out = []
+    for x in meta.get("legs") or []:
+        parts = str(x["id"]).rsplit("/", 2)
+        lane = x.get("lane") or (parts[1] if len(parts) == 3 else None)
+        controller = x.get("controller") or parts[0]
+        if lane in keys and controller in (sides.baseline, sides.candidate):
+            out.append(x)
+    return out
+
+
+def _gaps(meta: dict, rows: list[dict]) -> list[str]:
+    """What the legs lack (drills.legs.coverage) and, since a comparison needs both sides whole, every other leg
+    whose pytest did not exit 0 (a test of it failed: what it did not record is unknown)."""
+    gaps = legs.coverage(meta, rows)
+    named = {g.leg for g in gaps}
+    return [g.text for g in gaps] + [f"leg {x['id']}: pytest exit {x.get('rc')} (a test of the leg failed; its "
+                                     f"rows may be incomplete)" for x in meta.get("legs") or []
+                                     if x["id"] not in named and x.get("rc") not in (0, None)]
 
 
 def _evidence_from(run_dir: Path, evidence):
@@ -158,11 +199,17 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
         bad = [str(d) for d in dirs if not is_run_dir(d)]
         if bad:
             raise BadInput(f"--runs: not a run folder (no ledger.json): {', '.join(bad)}")
-        rows = [dict(r, evidence=_evidence_from(d, r.get("evidence"))) for d in dirs
-                for r in read_rows(d / "ledger.json")]
+        # each folder's rows judged against the evidence where it was recorded, and the gaps of its legs
+        rows, gaps = [], []
+        for d in dirs:
+            got = read_judged(d)
+            rows += [dict(r, evidence=_evidence_from(d, r.get("evidence"))) for r in got]
+            if (d / "run.json").is_file():
+                meta = legs.read_run_meta(d)
+                gaps += [f"{d}: {g}" for g in _gaps(dict(meta, legs=_legs_of(meta, sides, keys)), got)]
         run_dir = classification_folder(dirs, sides, rows)
         try:
-            code, changes = classify_run(run_dir, rows, sides, keys)
+            code, changes = classify_run(run_dir, rows, sides, keys, gaps=gaps)
         except BadInput:
             shutil.rmtree(run_dir, ignore_errors=True)     # nothing to classify: no half-made folder is left
             raise
@@ -181,17 +228,10 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
                                          keep_cluster=args.keep_cluster, meta=meta, log=log)
     if run_code == EXIT_BAD_INPUT:
         return EXIT_BAD_INPUT, run_dir, [], sides
-    run_doc = legs.read_run_meta(run_dir)
-    leg_rows = {x["id"]: x for x in run_doc.get("legs", [])}
-    # a leg that ended without any row of its own (its cluster or pytest could not run) leaves its side unknown
-    inconclusive = 0
-    for leg in plan:
-        got = [r for r in rows if r.get("lane") == leg.lane and (sides.is_candidate(r) if leg in cand
-                                                                 else sides.is_baseline(r))]
-        if not got or (leg_rows.get(leg.id, {}).get("rc") not in (0, None) and
-                       all(r.get("verdict") == INCONCLUSIVE for r in got)):
-            inconclusive += 1
-    code, changes = classify_run(run_dir, rows, sides, keys, inconclusive)
+    # a leg that could not start, was killed, did not finish or recorded no row (drills.legs.coverage), and a leg
+    # whose pytest failed while none of its rows did, leaves its side's evidence incomplete: inconclusive
+    gaps = _gaps(legs.read_run_meta(run_dir), rows)
+    code, changes = classify_run(run_dir, rows, sides, keys, gaps=gaps)
     write_run_report(run_dir)
     write_matrix(None, run_dir.parent)
     return code, run_dir, changes, sides

@@ -42,7 +42,8 @@ def write_evidence(run_dir: Path, name: str, doc: dict) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / f"{name}.series.json").write_text(json.dumps(doc))
     timeline = run_dir / f"{name}.timeline.jsonl"
-    timeline.write_text('{"kind": "VirtualService", "resourceVersion": "101"}\n')
+    timeline.write_text('{"kind": "VirtualService", "resourceVersion": "101"}\n'      # closed as the recorder does
+                        '{"kind": "Recorder", "type": "END", "obj": {"complete": true}}\n')
     return timeline
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -412,13 +413,27 @@ def _one_run_folder(tmp_path: Path) -> Path:
             (side / f"{step}.series.json").write_text(json.dumps(_series(peak)))
             r["evidence"] = f"{r['controller_version']}/{step}.timeline.jsonl"
     (run / "ledger.json").write_text(json.dumps(rows))
+    for r in rows:                    # a pass needs its evidence: every file a row names, whole
+        write_evidence(run / r["evidence"]) if r.get("evidence") else None
     return run
 
 
+def write_evidence(path: Path) -> Path:
+    """A row's evidence file as the lanes leave it: a timeline closed by the recorder's END record, else JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".timeline.jsonl"):
+        path.write_text('{"seq":1,"type":"ADDED","kind":"Rollout"}\n'
+                        + json.dumps({"seq": 2, "type": "END", "kind": "Recorder", "obj": {"complete": True}}) + "\n")
+    else:
+        path.write_text("{}\n")
+    return path
+
+
 def _identical_run(tmp_path: Path, run: Path) -> Path:
-    """The baseline's rows again as another release's (v1.8.5): a candidate identical to the baseline."""
+    """The baseline's rows again as another release's (v1.8.5): a candidate identical to the baseline (the
+    recorded run folder copied, its evidence with it)."""
     out = tmp_path / "identical"
-    out.mkdir()
+    shutil.copytree(run, out)
     rows = [r for r in read_rows(run / "ledger.json") if r["controller_version"] == "v1.8.2"]
     (out / "ledger.json").write_text(json.dumps(rows + [dict(r, controller_version="v1.8.5") for r in rows]))
     return out
@@ -429,7 +444,7 @@ def _tree(folder: Path) -> dict:
 
 
 def test_upgrade_check_on_recorded_runs_writes_the_change_table_and_both_timelines(tmp_path):
-    run = _one_run_folder(tmp_path)
+    run = recorded = _one_run_folder(tmp_path)
     before = _tree(run)
     r = subprocess.run([sys.executable, "-m", "drills", "upgrade-check", "--from", "v1.8.2", "--to", "v1.10.2",
                         "--runs", str(run), "--lanes", "a,order,abort"], capture_output=True, text=True, timeout=300,
@@ -452,7 +467,7 @@ def test_upgrade_check_on_recorded_runs_writes_the_change_table_and_both_timelin
     assert doc["counts"]["new"] == 1 and doc["counts"]["improved"] == 1 and doc["counts"]["regressed"] == 0, doc
     assert doc["exit"] == 1 and list(doc)[:2] == ["headlines", "new_hazards"] and len(doc["new_hazards"]) == 1
     same = subprocess.run([sys.executable, "-m", "drills", "upgrade-check", "--from", "v1.8.2", "--to", "v1.8.5",
-                           "--runs", str(_identical_run(tmp_path, run)), "--lanes", "a,order,abort"],
+                           "--runs", str(_identical_run(tmp_path, recorded)), "--lanes", "a,order,abort"],
                           capture_output=True, text=True, timeout=300, cwd=str(config.project_root()),
                           env={**os.environ, "DRILLS_REPORTS": str(tmp_path / "reports")})
     assert same.returncode == 0, same.stdout + same.stderr      # a candidate identical to the baseline

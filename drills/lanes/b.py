@@ -66,8 +66,9 @@ class LaneB(Runbook):
 
     def _record(self, step_name: str, assertion: str, expected, observed, ok: bool, evidence: dict, key: str,
                 **details):
-        """One lane B row; the full result goes to <run_dir>/lane_b/<step>.json as evidence."""
-        path = Path(self.ctx.ledger.run_dir) / "lane_b" / f"{step_name}.json"
+        """One lane B row; the full result goes to <evidence dir>/lane-b/<step>.json as evidence (the evidence dir is
+        the controller's: two legs of one run never write one file)."""
+        path = Path(self.ctx.evidence_dir) / "lane-b" / f"{step_name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(evidence, indent=2, default=str))
         return self.row(step_name, assertion, expected, observed, PASS if ok else FAIL, evidence=str(path), key=key,

@@ -1,0 +1,150 @@
+"""A pass needs its evidence: each row judged against the evidence it names, where a run, a merge, a report or an
+upgrade-check reads rows.
+
+A ``pass`` (or ``unverified``: an observation without an expectation) row whose evidence is
+
+- missing (no such file or folder),
+- outside the run folder it was recorded in (or the folders a classification was read from),
+- empty, or truncated (a JSON document that does not parse; a JSON Lines file whose last line is cut short or
+  does not parse; a flight-recorder timeline without its closing ``END`` record: the recording never completed), or
+- from another leg or run (a timeline whose ``END`` record names a leg or run id that is not the row's)
+
+is ``inconclusive``, its reason naming the evidence (``evidence missing: <path>``); the recorded verdict stays
+on the row as ``recorded_verdict``.  A ``fail`` keeps its verdict (a fail is never hidden), and a row that names no
+evidence is not judged here (naming it is the lane's part).  Judging is idempotent: a judged row judges the same.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from . import inputs
+from .ledger import INCONCLUSIVE, PASS, UNVERIFIED, read_rows
+
+JUDGED = (PASS, UNVERIFIED)          # the verdicts that claim an observation stands on its evidence
+TIMELINE_SUFFIX = ".timeline.jsonl"  # drills.timeline's (layer 3): the recorder closes every timeline with END
+TAIL_BYTES = 1 << 20                 # how much of a JSON Lines file's end is read to find its last record
+
+
+def roots_of(run_dir: Path) -> list[Path]:
+    """Where a run folder's evidence may live: the folder, and the run folders a classification read its rows
+    from (run.json ``classified_from``: `upgrade-check --runs` leaves the evidence where it was recorded)."""
+    run_dir = Path(run_dir)
+    out = [run_dir]
+    try:
+        meta = inputs.load_json_file(run_dir / "run.json", inputs.RECORD_BYTES, "run.json")
+    except (OSError, inputs.BadInput):
+        return out
+    extra = meta.get("classified_from") if isinstance(meta, dict) else None
+    return out + [Path(p) for p in extra if isinstance(p, str)] if isinstance(extra, list) else out
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    for root in roots:
+        try:
+            path.relative_to(root.resolve())
+            return True
+        except (ValueError, OSError):
+            continue
+    return False
+
+
+def _last_line(path: Path) -> tuple[bytes, bool]:
+    """The last non-empty line of a file and whether the file ends with a newline."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - TAIL_BYTES))
+        tail = fh.read()
+    lines = [x for x in tail.split(b"\n") if x.strip()]
+    return (lines[-1] if lines else b""), tail.endswith(b"\n")
+
+
+def problem(row: dict, run_dir: Path, roots: list[Path] | None = None, cache: dict | None = None) -> str | None:
+    """Why a row's named evidence cannot carry its verdict (None: it can, or the row names none)."""
+    ev = row.get("evidence")
+    if not ev or not isinstance(ev, str):
+        return None
+    p = Path(ev) if Path(ev).is_absolute() else Path(run_dir) / ev
+    key = (str(p), str(row.get("leg") or ""), str(row.get("shard_run_id") or row.get("run_id") or ""))
+    if cache is not None and key in cache:
+        return cache[key]
+    out = _problem(p, row, [Path(x) for x in (roots or [run_dir])])
+    if cache is not None:
+        cache[key] = out
+    return out
+
+
+def _problem(p: Path, row: dict, roots: list[Path]) -> str | None:
+    try:
+        real = p.resolve()
+    except (OSError, RuntimeError):
+        return f"evidence missing: {p}"
+    if not real.exists():
+        return f"evidence missing: {p}"
+    if not _inside(real, roots):
+        return f"evidence outside the run folder: {p}"
+    try:
+        if real.is_dir():
+            return None if any(real.iterdir()) else f"evidence empty: {p}"
+        if real.stat().st_size == 0:
+            return f"evidence empty: {p}"
+        if real.name.endswith(".json") and real.stat().st_size <= inputs.RECORD_BYTES:
+            try:
+                json.loads(real.read_bytes())
+            except ValueError:
+                return f"evidence truncated: {p} (not a whole JSON document)"
+            except RecursionError:
+                return f"evidence unreadable: {p} (nested too deep)"
+            return None
+        if not real.name.endswith(".jsonl"):
+            return None
+        last, newline = _last_line(real)
+    except OSError as e:
+        return f"evidence unreadable: {p} ({e.strerror or e})"
+    try:
+        rec = json.loads(last)
+    except ValueError:
+        return f"evidence truncated: {p} (its last line is not a whole record)"
+    if not newline:
+        return f"evidence truncated: {p} (its last line is not a whole record)"
+    if not real.name.endswith(TIMELINE_SUFFIX):
+        return None
+    if not isinstance(rec, dict) or rec.get("type") != "END":
+        return f"evidence truncated: {p} (the recording has no END record: it never completed)"
+    obj = rec.get("obj") if isinstance(rec.get("obj"), dict) else {}
+    leg, run_id = obj.get("leg"), obj.get("run_id")
+    if leg and row.get("leg") and leg != row.get("leg"):
+        return f"evidence from another leg: {p} (recorded by leg {leg}, the row's leg is {row.get('leg')})"
+    mine = row.get("shard_run_id") or row.get("run_id")
+    if run_id and mine and run_id != mine:
+        return f"evidence from another run: {p} (recorded by run {run_id}, the row's run is {mine})"
+    return None
+
+
+def judge(row: dict, run_dir: Path, roots: list[Path] | None = None, cache: dict | None = None) -> dict:
+    """The row as its evidence allows: a pass (or unverified) row whose evidence fails is inconclusive."""
+    if row.get("verdict") not in JUDGED:
+        return row
+    why = problem(row, run_dir, roots, cache)
+    if why is None:
+        return row
+    return dict(row, verdict=INCONCLUSIVE, reason=why, recorded_verdict=row.get("verdict"), shows=None)
+
+
+def judge_rows(rows: list[dict], run_dir: Path, roots: list[Path] | None = None) -> list[dict]:
+    roots = roots or roots_of(run_dir)
+    cache: dict = {}
+    return [judge(r, run_dir, roots, cache) for r in rows]
+
+
+def read_judged(run_dir: Path) -> list[dict]:
+    """A run folder's rows, each judged against its evidence."""
+    return judge_rows(read_rows(Path(run_dir) / "ledger.json"), Path(run_dir))
+
+
+def leg_stamp() -> dict:
+    """What a leg's recordings say of where they were made (the runner sets DRILLS_LEG and DRILLS_RUN_ID for
+    each leg's pytest): the fields a timeline's END record carries."""
+    return {k: v for k, v in (("leg", os.environ.get("DRILLS_LEG")), ("run_id", os.environ.get("DRILLS_RUN_ID")))
+            if v}
