@@ -28,7 +28,7 @@ from .fleet import FleetScan
 from .live import contexts, read_cluster
 from .model import ScanInputError
 from .readers import ReadResult, manifest_paths, read_manifests
-from .records import evaluate, table, to_json, version_order
+from .records import evaluate, table, to_json, unknown_why, version_order
 from .sources import SourceMapError, facts_for
 from .verify import pick
 
@@ -203,15 +203,34 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
         _write(args.sarif, write_sarif, records, unreadable=bad)
     if args.junit:
         _write(args.junit, lambda recs, path: write_junit(recs, path, verification), records)
-    if "exposed" in fail_on and any(r.exposed or (r.pred and r.pred.promotes_while_partial) for r in records):
-        code = combine_exit_codes(code, 1)
-    if "lint" in fail_on and any(r.lint_errors for r in records):
-        code = combine_exit_codes(code, 1)
+    gated, said = gate(records, fail_on)
+    code = combine_exit_codes(code, gated)
+    for line in said:
+        log(line)
     for u in unreadable:
         log(f"drills: cannot read {u}")
     for e in bad:
         log(f"drills: cannot read {e}")
     return combine_exit_codes(code, 2) if unreadable or bad else code
+
+
+def gate(records: list, fail_on: set[str]) -> tuple[int, list[str]]:
+    """The exit code of the gates asked for, and what makes it inconclusive: 1 for a lint error (``lint``) or a
+    predicted exposure (``exposed``); 3 with ``exposed`` when the controller version of a Rollout is unknown (its
+    exposure cannot be predicted: no version is no evidence of none), naming how to give it."""
+    code, said = 0, []
+    if "exposed" in fail_on and any(r.exposed or (r.pred and r.pred.promotes_while_partial) for r in records):
+        code = combine_exit_codes(code, 1)
+    if "lint" in fail_on and any(r.lint_errors for r in records):
+        code = combine_exit_codes(code, 1)
+    unknown = [r for r in records if r.facts is None]
+    if unknown and "exposed" in fail_on:
+        code = combine_exit_codes(code, 3)
+        whys = "; ".join(sorted({unknown_why(r.ro) for r in unknown}))
+        said.append(f"drills scan: inconclusive: the controller version of {len(unknown)} Rollout(s) is unknown "
+                    f"({whys}), so their exposure is not predicted; give the version the controller runs with "
+                    f"--controller vX.Y.Z (or --fail-on lint to gate on the lint alone)")
+    return code, said
 
 
 def _fleet(args, version: str, stats: dict, workers: int) -> ReadResult:
