@@ -18,7 +18,7 @@ from ..kubeconfig import files_of
 from ..outputs import check_distinct, check_output, reports_folder
 from ..lanes.base import LaneContext
 from ..lanes.scan import LaneScan
-from ..ledger import Ledger, exit_code, new_run_id
+from ..ledger import INCONCLUSIVE, Ledger, exit_code, new_run_id
 from ..report import write_matrix, write_run_report
 from ..toolchain import resolve_controller_versions
 from .charts import scan_charts
@@ -189,6 +189,8 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
     if args.verify:
         verification, run_dir, vcode = verify_run(records, args.verify, "scan of " + "; ".join(scope), log)
         stats["verify_run"] = str(run_dir)
+        if not verification:
+            stats["verify"] = "inconclusive: nothing verified (exit 3; why on stderr and in the run folder)"
         code = combine_exit_codes(code, vcode)
     used_facts = [f for f in facts_cache.values() if f is not None]
     try:
@@ -281,7 +283,26 @@ def verify_run(records: list, k: int, scope: str, log) -> tuple[list[dict], Path
             cluster.release()
             if not was_up:
                 cluster.down(quiet=True, if_unused=True)
+    code = exit_code([c for c in comparisons])
+    if not comparisons:                 # nothing probed is no evidence for the prediction, never a clean verify
+        why = nothing_verified(k, skipped, uncovered, shapes)
+        Ledger(run_dir, run_id, target="embedded", controller_version="unknown").record(
+            "scan", "verify", "shapes of the scan verified on the real controller", f">= 1 (K={k})", 0, INCONCLUSIVE,
+            reason=why, key="verified")
+        log(f"verify: inconclusive: {why}")
+        code = combine_exit_codes(code, 3)
     write_run_report(run_dir)
     write_matrix(None, run_dir.parent)
     log(f"verify: run folder {run_dir}, report {run_dir / 'report.html'}")
-    return comparisons, run_dir, exit_code([c for c in comparisons])
+    return comparisons, run_dir, code
+
+
+def nothing_verified(k: int, skipped: dict, uncovered: list[str], shapes: list) -> str:
+    """Why --verify K verified nothing: what kept each Rollout out."""
+    if shapes:
+        return f"none of the {len(shapes)} picked shape(s) was probed"
+    parts = [f"{n} Rollout(s) not verifiable: {why}" for why, n in skipped.items()]
+    if uncovered:
+        parts.append(f"rules not covered with K={k}: {', '.join(uncovered)}")
+    return (f"--verify {k} could verify nothing: " + ("; ".join(parts) or "no Rollout to verify")
+            + (" (give the controller version with --controller)" if "controller version unknown" in skipped else ""))
