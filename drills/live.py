@@ -321,7 +321,8 @@ def run_live(args, log=None) -> int:
     run_id = new_run_id()
     run_dir = config.reports_dir() / run_id
     left = ("left as they are now (--allow-other-changes): the controller makes a new ReplicaSet instead of "
-            "reviving it" if allow_others else "refused without --allow-other-changes")
+            "reviving it, so a rollback the controller does not take as inside rollbackWindow is inconclusive"
+            if allow_others else "refused without --allow-other-changes")
     plan = [f"annotate {target.namespace}/{target.rollout} {LEASE_ANNOTATION} (run {run_id})",
             f"BEFORE: roll back the pod template to ReplicaSet {revived} "
             f"(container {app}: {image_v2} -> {image_v1}; other containers unchanged)" if not others else
