@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="load target during the live drill: the stage service's URL (Locust, bounded)")
     live.add_argument("--duration", default=None,
                       help="with --lanes b: how long to watch for the next deploy (e.g. 30m; default 1h)")
+    live.add_argument("--allow-other-changes", action="store_true",
+                      help="drill even when the rollback target revision differs in more than the application "
+                           "container's image (other containers, init containers, pod fields): only that image is "
+                           "reverted, the rest is left as it is now (without it the drill refuses, exit 2)")
     live.add_argument("--container", default=None,
                       help="the application container (default: the only container, the one named like the Rollout "
                            "or its app.kubernetes.io/name label, else the only one that is not a known sidecar)")

@@ -174,7 +174,9 @@ def cmd_run(args) -> int:
     live_target = args.kubeconfig or args.context or args.namespace or args.rollout
     live_only = [flag for flag, on in (("--dry-run", args.dry_run), ("--service-url", args.service_url),
                                        ("--sync-paused", args.sync_paused), ("--allow-context", args.allow_context),
-                                       ("--container", args.container), ("--duration", args.duration)) if on]
+                                       ("--container", args.container), ("--duration", args.duration),
+                                       ("--allow-other-changes", getattr(args, "allow_other_changes", False)))
+                 if on]
     if live_only and not live_target:
         raise BadInput(f"{', '.join(live_only)}: live mode only; name the live target with --kubeconfig/--context "
                        f"--namespace --rollout (the embedded job has nothing to dry-run)")
@@ -248,7 +250,11 @@ def _live_plan(args, lane: str, duration: float | None) -> int:
         steps = [f"read-only preflight of {where}: the namespace's opt-in label, lease, GitOps management, shape, "
                  f"health, the rollback target inside rollbackWindow",
                  f"annotate {where} with the lease {LEASE_ANNOTATION}",
-                 "BEFORE: roll back the application container's image to the rollback target's and observe",
+                 "BEFORE: roll back the application container's image to the rollback target's (every other "
+                 "container as it is now) and observe; a target revision that differs in more than that image is "
+                 "refused" + (" (--allow-other-changes drills it, leaving those differences as they are)"
+                              if not getattr(args, "allow_other_changes", False) else
+                              " (--allow-other-changes: those differences are left as they are)"),
                  "cut the final setWeight: 100 from the steps",
                  "redeploy the current image, wait for the rollback target to be scaled to 0",
                  "AFTER: roll back again and observe",

@@ -35,8 +35,9 @@ from .podtemplate import (
     RolloutShapeError,
     app_container_name,
     container_images,
+    reverted_template,
     selector_string,
-    with_image,
+    template_differences,
 )
 from .rollout import HASH_LABEL, Rollouts, healthy
 from .safety import (
@@ -204,20 +205,46 @@ def preflight(api, target: LiveTarget, sync_paused: bool) -> dict:
     if (target_rs.spec.replicas or 0) != 0 or (target_rs.status.replicas or 0) != 0:
         raise Refused(f"rollout {namespace}/{name}: the rollback target ReplicaSet "
                       f"{(target_rs.metadata.labels or {}).get(HASH_LABEL)} still has pods (not scaled to 0)")
-    target_template = client.ApiClient().sanitize_for_serialization(target_rs.spec.template)
-    target_template.get("metadata", {}).get("labels", {}).pop(HASH_LABEL, None)
+    target_template, stable_template = _rs_template(target_rs), _rs_template(stable)
     if app not in container_images(target_template):
         raise Refused(f"rollout {namespace}/{name}: the rollback target's pod template has no container {app!r}")
-    return {"rollout": ro, "target": target_rs, "stable": stable, "app": app, "target_template": target_template}
+    return {"rollout": ro, "target": target_rs, "stable": stable, "app": app, "target_template": target_template,
+            "stable_template": stable_template}
+
+
+def _rs_template(rs) -> dict:
+    template = client.ApiClient().sanitize_for_serialization(rs.spec.template)
+    template.get("metadata", {}).get("labels", {}).pop(HASH_LABEL, None)
+    return template
 
 
 def rollback_template(ro: dict, target_template: dict, app: str) -> dict:
-    """The GitOps-style rollback: the spec's own template with the application container's image reverted (a
-    Git revert of the image tag), when that is all that differs from the target revision; otherwise the
-    target revision's template (as ``kubectl argo rollouts undo`` writes it)."""
-    reverted = with_image(ro["spec"]["template"], app, container_images(target_template)[app])
-    same_images = container_images(reverted) == container_images(target_template)
-    return reverted if same_images else target_template
+    """The GitOps-style rollback: the spec's own template with only the application container's image reverted to
+    the target revision's (a Git revert of the image tag); nothing else of the target revision is written."""
+    return reverted_template(ro["spec"]["template"], app, container_images(target_template)[app])
+
+
+def other_differences(pre: dict) -> list[str]:
+    """What the rollback target revision differs in from the current one besides the application container's image
+    (both ReplicaSets' templates, defaulted alike by the API server), container by container."""
+    return template_differences(pre["stable_template"], pre["target_template"], pre["app"])
+
+
+def check_other_differences(where: str, app: str, others: list[str], allow: bool, via: str) -> None:
+    """Refused when the rollback target revision differs in more than the application container's image, unless
+    --allow-other-changes (the drill then writes only that image; undo cannot, it writes the whole template)."""
+    if not others:
+        return
+    said = "; ".join(others)
+    if via == "undo":
+        raise Refused(f"rollout {where}: the rollback target revision differs from the current one in more than "
+                      f"container {app}'s image ({said}); --rollback-via undo writes the target revision's whole "
+                      f"template and would change them: use --rollback-via gitops (with --allow-other-changes)")
+    if not allow:
+        raise Refused(f"rollout {where}: the rollback target revision differs from the current one in more than "
+                      f"container {app}'s image ({said}); the drill reverts only {app}'s image and would roll back to "
+                      f"a template no revision ran: nothing was sent. Pass --allow-other-changes to drill it anyway "
+                      f"(those differences are then left as they are now)")
 
 
 def run_live_b(args, duration: float, log=None) -> int:
@@ -288,11 +315,19 @@ def run_live(args, log=None) -> int:
     template_v1 = rollback_template(ro, pre["target_template"], app)
     image_v1 = container_images(template_v1)[app]
     image_v2 = container_images(ro["spec"]["template"])[app]
+    others = other_differences(pre)
+    allow_others = bool(getattr(args, "allow_other_changes", False))
+    revived = pre["target"].metadata.labels.get(HASH_LABEL)
     run_id = new_run_id()
     run_dir = config.reports_dir() / run_id
+    left = ("left as they are now (--allow-other-changes): the controller makes a new ReplicaSet instead of "
+            "reviving it, so a rollback the controller does not take as inside rollbackWindow is inconclusive"
+            if allow_others else "refused without --allow-other-changes")
     plan = [f"annotate {target.namespace}/{target.rollout} {LEASE_ANNOTATION} (run {run_id})",
-            f"BEFORE: roll back the pod template to ReplicaSet {pre['target'].metadata.labels.get(HASH_LABEL)} "
-            f"(container {app}: {image_v2} -> {image_v1}; other containers unchanged)",
+            f"BEFORE: roll back the pod template to ReplicaSet {revived} "
+            f"(container {app}: {image_v2} -> {image_v1}; other containers unchanged)" if not others else
+            f"BEFORE: roll back container {app}'s image {image_v2} -> {image_v1}, every other container as it is "
+            f"now; the rollback target revision (ReplicaSet {revived}) also differs in: {'; '.join(others)}: {left}",
             f"cut the steps [{steps_text(steps)}] -> [{steps_text(cut)}]",
             f"redeploy container {app} at {image_v2}, wait for the rollback target to be scaled to 0",
             "AFTER: roll back again and observe",
@@ -302,7 +337,12 @@ def run_live(args, log=None) -> int:
     if args.dry_run:
         for p in plan:
             print(f"dry-run: would {p}")
+    check_other_differences(f"{target.namespace}/{target.rollout}", app, others, allow_others, args.rollback_via)
+    if args.dry_run:
         return 0
+    if others:
+        log(f"live drill: the rollback target revision also differs in: {'; '.join(others)}; only container {app}'s "
+            f"image is reverted, those are left as they are now (--allow-other-changes)")
     run_dir.mkdir(parents=True, exist_ok=True)
     journal = Journal(run_dir / "journal.json", kubeconfig=target.kubeconfig, context=target.context, run_id=run_id)
     journal.before_spec_change(ro)
@@ -322,7 +362,8 @@ def run_live(args, log=None) -> int:
                        image_v1=image_v1, image_v2=image_v2)
     drill = DrillRollout(api, target.namespace, spec, run_dir / "live", journal=journal, log=log,
                          controller_version=version)
-    drill.adopt(revived=pre["target"].metadata.labels.get(HASH_LABEL), stable=ro["status"]["stableRS"])
+    # with other differences left as they are, the template sent matches no ReplicaSet: the controller makes a new one
+    drill.adopt(revived=None if others else revived, stable=ro["status"]["stableRS"])
     rc = 0
     load = None
     with SignalGuard() as guard:
@@ -336,7 +377,8 @@ def run_live(args, log=None) -> int:
             # stops the drill when the API stops answering or someone else changes the Rollout meanwhile
             with Watchdog(guard, [api_answers(api), no_other_writer(api, target.namespace, target.rollout, journal,
                                                                     ro["spec"])]):
-                LiveLaneA(ctx, drill, steps, cut, template_v1, load).run()
+                LiveLaneA(ctx, drill, steps, cut, template_v1, load, template_before=ro["spec"]["template"],
+                          other_differences=others).run()
         except Interrupted as e:
             log(f"live drill {e}; restoring")
             _record_stop(ledger, log, "interrupted", str(e), f"drill {e}")

@@ -409,17 +409,29 @@ def _shows(polarity: str, value, th: dict | None) -> bool | None:
     return judge(value, th)
 
 
+def _unanswered(url: str, phase: str, st: dict) -> str:
+    codes = ", ".join(f"{c} x{n}" for c, n in sorted((st.get("codes") or {}).items()))
+    return (f"no request to {url} succeeded in phase {phase} ({st['requests']} sent, {st['failures']} failed"
+            f"{': ' + codes if codes else ''}): a phase without a successful request is no evidence (is the service "
+            f"reachable from here?)")
+
+
 def record_phase_rows(ledger, lane: str, step: str, stats: dict[str, dict], thresholds: dict, evidence,
-                      emulated: bool = True, min_requests: int = 20, judged: str | None = None) -> list[dict]:
+                      emulated: bool = True, min_requests: int = 20, judged: str | None = None,
+                      url: str | None = None) -> list[dict]:
     """Two ledger rows per phase: ``load.<phase>.failure_ratio`` and ``load.<phase>.p95_ms``.
 
     A phase with fewer than ``min_requests`` requests is ``inconclusive`` (too little evidence), never ``pass``.
     A metric without a threshold anywhere is recorded ``unverified``.  A phase the load generator did not cover to
     its end (``cut_short``: Locust exited) is ``inconclusive`` whatever its figures.  ``judged`` (a reason): the
     figures are observations, never failed against the thresholds (a user-built controller's); the thresholds
-    still say what the figure shows (``shows``).
+    still say what the figure shows (``shows``).  ``url`` (the load's target): a phase in which no request
+    succeeded is ``inconclusive`` naming it: against a live service every such phase (an unreachable URL is no
+    evidence), against the emulated mesh when no phase of the step had one (the emulator was never reached; its
+    own failures under load are the figures the thresholds ask for).
     """
     rows = []
+    reached = any(st["requests"] > st["failures"] for st in stats.values())
     for phase, st in stats.items():
         for metric in ("failure_ratio", "p95_ms"):
             th = threshold_for(thresholds, lane, step, phase, metric)
@@ -431,8 +443,14 @@ def record_phase_rows(ledger, lane: str, step: str, stats: dict[str, dict], thre
             reason = None
             if st.get("cut_short"):        # the load generator died during the phase: never pass, never a figure
                 verdict, expected, reason = INCONCLUSIVE, _expected_text(th) if th else None, st["cut_short"]
+            elif url is not None and st["requests"] <= st["failures"] and (not emulated or not reached):
+                verdict, expected, reason = INCONCLUSIVE, _expected_text(th) if th else None, \
+                    _unanswered(url, phase, st)
             elif th is None:
                 verdict, expected = UNVERIFIED, None
+                if not emulated:
+                    reason = (f"observed on {url or 'the live service'}: what users saw; no threshold judges a live "
+                              f"service's figures")
             elif st["requests"] < min_requests or value is None:
                 verdict, expected = INCONCLUSIVE, _expected_text(th)
                 reason = f"only {st['requests']} requests in phase {phase} (< {min_requests}): too little evidence"

@@ -101,7 +101,7 @@ class PhasedLoad:
         # as observations (`unverified`): what users saw, not a pass or fail of the drill
         thresholds = load_thresholds() if self.target == "embedded" else {}
         rows = record_phase_rows(ledger, self.lane, step, stats, thresholds, self.run.records_path,
-                                 emulated=self.target == "embedded", judged=self.judged)
+                                 emulated=self.target == "embedded", judged=self.judged, url=self.url)
         extra = {"phases": {k: [round(a - derived.t0_wall, 3), round(b - derived.t0_wall, 3)]
                             for k, (a, b) in phases.items()},
                  "load": {k: {"failure_ratio": v.get("failure_ratio"), "p95_ms": v.get("p95_ms"),

@@ -61,6 +61,57 @@ def with_image(template: dict, container: str, image: str) -> dict:
     return out
 
 
+CONTAINER_KEYS = ("initContainers", "containers")
+
+
+def _containers(template: dict | None) -> dict[tuple[str, str], dict]:
+    spec = (template or {}).get("spec") or {}
+    return {(key, c.get("name")): c for key in CONTAINER_KEYS for c in spec.get(key) or [] if isinstance(c, dict)}
+
+
+def _where(key: str, name: str) -> str:
+    return f"{'init container' if key == 'initContainers' else 'container'} {name}"
+
+
+def _fields(a: dict, b: dict) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def template_differences(before: dict | None, after: dict | None, app: str | None = None) -> list[str]:
+    """What differs between two pod templates, container by container (init containers too), then the rest of
+    the pod spec and the template's labels and annotations; ``app``'s image is left out (the one change the drill
+    makes).  Empty when they are the same but for that image.  Compare templates of one kind (two ReplicaSets',
+    defaulted alike; or two templates of the spec): a ReplicaSet's template carries the API server's defaults."""
+    out = []
+    ca, cb = _containers(before), _containers(after)
+    for k in [*ca, *(k for k in cb if k not in ca)]:
+        where, a, b = _where(*k), ca.get(k), cb.get(k)
+        if a is None or b is None:
+            out.append(f"{where}: {'added' if a is None else 'removed'} (image {(b or a).get('image')})")
+            continue
+        if a.get("image") != b.get("image") and k[1] != app:
+            out.append(f"{where}: image {a.get('image')} -> {b.get('image')}")
+        other = [f for f in _fields(a, b) if f != "image"]
+        if other:
+            out.append(f"{where}: {', '.join(other)} differ")
+    sa, sb = (before or {}).get("spec") or {}, (after or {}).get("spec") or {}
+    pod = [f for f in _fields(sa, sb) if f not in CONTAINER_KEYS]
+    if pod:
+        out.append(f"pod spec: {', '.join(pod)} differ")
+    ma, mb = (before or {}).get("metadata") or {}, (after or {}).get("metadata") or {}
+    for part in ("labels", "annotations"):
+        keys = _fields(ma.get(part) or {}, mb.get(part) or {})
+        if keys:
+            out.append(f"template {part}: {', '.join(keys)} differ")
+    return out
+
+
+def reverted_template(current: dict, app: str, image: str) -> dict:
+    """The rollback target the drill writes: the current template with only ``app``'s image set to ``image``
+    (a Git revert of the image tag); every other container, init container and field stays as it is."""
+    return with_image(current, app, image)
+
+
 def selector_string(selector: dict | None) -> str:
     """A label selector (matchLabels and matchExpressions) as the string list/watch calls take."""
     sel = selector or {}

@@ -114,6 +114,95 @@ def test_app_and_sidecar_drill_changes_only_the_app_and_restores_the_spec_exactl
     assert rl.get("svc")["metadata"]["generation"] == after["metadata"]["generation"]
 
 
+# --- the rollback target differs in a sidecar: v1 = (svc:v1, sidecar:1), v2 = (svc:v2, sidecar:2) ----------------
+SIDECAR_V1 = {"name": "sidecar", "image": "registry.local/sidecar:1"}
+SIDECAR_V2 = "registry.local/sidecar:2"
+
+
+def _sidecar_differs(kube, namespace, tmp_path, controller_version):
+    """A Rollout at (svc:v2, sidecar:2) whose rollback target, scaled to 0 inside the window, is (svc:v1, sidecar:1):
+    a chart release that pinned a new sidecar with the new app image."""
+    from drills.kit import DrillRollout
+    from drills.rollout import Predicate, healthy
+    from drills.shapes import RolloutSpec
+    d = DrillRollout(kube, namespace, RolloutSpec(
+        steps=[{"setWeight": 5}, {"pause": {"duration": "2s"}}, {"setWeight": 100}], replicas=2, name="svc",
+        scale_down_delay=3, image_v1="registry.local/svc:v1", image_v2="registry.local/svc:v2",
+        sidecars=[SIDECAR_V1]), tmp_path / "prepare", controller_version=controller_version)
+    d.deploy_v1()
+    d.space_replicasets()
+    rl = Rollouts(kube, namespace)
+    v2 = rl.get("svc")["spec"]["template"]
+    for c in v2["spec"]["containers"]:
+        c["image"] = {"app": d.spec.image_v2, "sidecar": SIDECAR_V2}[c["name"]]
+    rl.gitops_rollback("svc", v2)           # one write of the whole v2 template: both images at once
+    ro = rl.wait("svc", Predicate("Healthy at the v2 template", lambda o: healthy()(o) and o["status"].get(
+        "stableRS") not in (None, d.hash_v1) and o["status"].get("stableRS") == o["status"].get("currentPodHash")),
+        d.deploy_timeout())
+    d.hash_v2 = ro["status"]["stableRS"]
+    d.wait_scaled_to_zero(d.hash_v1)
+    return d
+
+
+def _sidecar_images_seen(reports: Path) -> set[str]:
+    return {rec["obj"]["images"]["sidecar"] for tl in reports.glob("*/live/*.timeline.jsonl")
+            for rec in timeline.load(tl) if rec["kind"] == "Rollout" and rec["type"] != "DELETED"}
+
+
+def test_a_rollback_target_whose_sidecar_differs_is_refused_before_the_first_write_naming_the_sidecar(
+        kube, namespace, tmp_path, controller_version, live_cmd, audit_mutations):
+    _sidecar_differs(kube, namespace, tmp_path, controller_version)
+    before = Rollouts(kube, namespace).get("svc")
+    since = time.time()
+    r = live_cmd("--container", "app", "--dry-run")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "also differs in: container sidecar: image registry.local/sidecar:2 -> registry.local/sidecar:1" \
+        in r.stdout and "other containers unchanged" not in r.stdout, r.stdout
+    r = live_cmd("--container", "app")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "container sidecar: image registry.local/sidecar:2 -> registry.local/sidecar:1" in r.stderr \
+        and "--allow-other-changes" in r.stderr, r.stderr
+    sent = audit_mutations(namespace, since)
+    assert sent == [], [(e["verb"], e["objectRef"], e["userAgent"], e["requestReceivedTimestamp"]) for e in sent]
+    after = Rollouts(kube, namespace).get("svc")
+    assert _spec(after) == _spec(before) and _lease(after) is None
+    assert not list(live_cmd.reports.glob("*/journal.json"))
+
+
+def test_with_allow_other_changes_the_drill_writes_only_the_app_image_and_never_changes_the_sidecar(
+        kube, namespace, tmp_path, controller_version, live_cmd):
+    d = _sidecar_differs(kube, namespace, tmp_path, controller_version)
+    rl = Rollouts(kube, namespace)
+    before = rl.get("svc")
+    target_rs = {(rs.metadata.labels or {}).get("rollouts-pod-template-hash") for rs in rl.owned_replicasets(before)}
+    r = live_cmd("--container", "app", "--allow-other-changes")
+    rows = _ledger(live_cmd.reports)
+    assert "left as they are now" in r.stderr, r.stderr
+    # every template the Rollout had during the drill, as the recorder saw it, kept sidecar:2
+    assert _sidecar_images_seen(live_cmd.reports) == {SIDECAR_V2}, rows
+    # every ReplicaSet the drill made runs sidecar:2; the old v1 one (sidecar:1) was never revived
+    after = rl.get("svc")
+    for rs in rl.owned_replicasets(after):
+        images = {c.name: c.image for c in rs.spec.template.spec.containers}
+        h = (rs.metadata.labels or {}).get("rollouts-pod-template-hash")
+        if h == d.hash_v1:
+            assert images["sidecar"] == SIDECAR_V1["image"] and not rs.status.replicas, rs.status
+        else:
+            assert images["sidecar"] == SIDECAR_V2, (h, images, target_rs)
+    redeploy = next(row for row in rows if row["step"] == "redeploy")
+    assert redeploy["verdict"] == "pass" and redeploy["details"]["sent_differences"] == [], redeploy
+    assert redeploy["observed"] == {"app": d.spec.image_v2, "sidecar": SIDECAR_V2}, redeploy
+    before_row = next(row for row in rows if row["step"] == "before")
+    assert before_row["details"]["other_differences_left_as_they_are"] == [
+        "container sidecar: image registry.local/sidecar:2 -> registry.local/sidecar:1"], before_row
+    assert _spec(after) == _spec(before) and _lease(after) is None, r.stderr[-3000:]
+    # BEFORE's template matches no ReplicaSet: the controller walks it as a new revision, not a rollback inside
+    # rollbackWindow, so its peak row is no evidence of the exposure (inconclusive, never a pass); the later
+    # rollbacks revive the ReplicaSet BEFORE made, judged on what the controller says of the window
+    assert before_row["verdict"] == "inconclusive" and "rollbackWindow" in before_row["reason"], before_row
+    assert r.returncode == 3 and "Traceback" not in r.stderr, (r.stderr[-3000:], rows)
+
+
 # --- 2 and 4: kill -9, the lease stays and names the journal; restore refuses a Rollout that moved on -----------
 def test_sigkill_leaves_the_lease_and_restore_finishes_it_unless_someone_else_changed_the_rollout(
         kube, namespace, stage_rollout, live_cmd, drills_cmd):

@@ -185,3 +185,55 @@ def test_thresholds_fixture_is_consistent_with_lane_a():
     assert load.threshold_for(th, "a", "after", "exposure", "failure_ratio")["max"] <= 0.01
     assert load.threshold_for(th, "a", "before", "steady", "p95_ms") == {"max": 300}
     assert json.dumps(th)  # plain data
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed: connections are refused)."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_a_phase_without_a_successful_request_is_inconclusive_naming_the_url(tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}/"
+    run = load.run_load(url, tmp_path / "load", users=2, spawn_rate=2, run_time_s=3, rate_per_user=10,
+                        target="live")
+    recs = run.records()
+    assert recs and not any(r["ok"] for r in recs), run.log.read_text()[-2000:]
+    t0, t1 = min(r["t"] for r in recs), max(r["t"] for r in recs) + 0.001
+    mid = (t0 + t1) / 2
+    st = load.phase_stats(recs, {"steady": (t0, mid), "exposure": (mid, t1)})
+    assert all(s["failure_ratio"] == 1.0 for s in st.values()), st
+    ledger = Ledger(tmp_path / "run", "r1", "stage", "v1.8.2")
+    # live: every phase with no successful request is no evidence, whatever the thresholds say
+    rows = load.record_phase_rows(ledger, "a", "before", st, {}, evidence=run.records_path, emulated=False, url=url)
+    assert len(rows) == 4 and {r["verdict"] for r in rows} == {"inconclusive"}, rows
+    assert all(url in r["reason"] and "no request" in r["reason"] for r in rows), rows
+    # the emulated mesh never reached in any phase of the step: no evidence either
+    th = {"defaults": {"*": {"failure_ratio": {"max": 0.01}, "p95_ms": {"max": 300}}},
+          "lanes": {"a": {"before": {"exposure": {"failure_ratio": {"min": 0.5}}}}}}
+    rows = load.record_phase_rows(ledger, "a", "before", st, th, evidence=run.records_path, url=url)
+    assert {r["verdict"] for r in rows} == {"inconclusive"} and all(url in r["reason"] for r in rows), rows
+
+
+def test_live_figures_of_a_reached_service_stay_observations_with_a_reason(tmp_path):
+    st = {"steady": {"requests": 40, "failures": 0, "failure_ratio": 0.0, "p50_ms": 3.0, "p95_ms": 5.0,
+                     "codes": {"200": 40}, "window": [0, 5]},
+          "exposure": {"requests": 30, "failures": 30, "failure_ratio": 1.0, "p50_ms": 3.0, "p95_ms": 5.0,
+                       "codes": {"503": 30}, "window": [5, 8]}}
+    ledger = Ledger(tmp_path / "run", "r1", "stage", "v1.8.2")
+    rows = load.record_phase_rows(ledger, "a", "before", st, {}, evidence="l.jsonl", emulated=False,
+                                  url="http://stage.example/")
+    by = {r["assertion"]: r for r in rows}
+    assert by["load.steady.failure_ratio"]["verdict"] == "unverified" and by["load.steady.failure_ratio"]["reason"]
+    # a live phase where every request failed (503s included) is no evidence of the drill's effect
+    assert by["load.exposure.failure_ratio"]["verdict"] == "inconclusive"
+    assert "http://stage.example/" in by["load.exposure.failure_ratio"]["reason"]
+    # on the emulated mesh a phase of failures beside a reached steady phase is the figure the thresholds ask for
+    th = {"lanes": {"a": {"before": {"exposure": {"failure_ratio": {"min": 0.5}}}}}}
+    rows = load.record_phase_rows(ledger, "a", "before", st, th, evidence="l.jsonl", url="http://127.0.0.1:9/")
+    by = {r["assertion"]: r for r in rows}
+    assert by["load.exposure.failure_ratio"]["verdict"] == "pass"

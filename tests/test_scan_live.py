@@ -169,3 +169,45 @@ def test_live_scan_takes_the_controller_a_namespace_and_a_selector(cluster, kube
                  lambda: _scan_requests(st["audit_log"], t0 - 1, t1 + 1),
                  lambda got: ("list", want) in got, timeout=30, interval=0.5)
     assert {v for v, _ in seen} <= {"list", "get"}
+
+
+@pytest.mark.single_version
+def test_live_scan_with_an_unknown_controller_keeps_the_lint_and_is_inconclusive_on_exposure(cluster, kube,
+                                                                                              namespace,
+                                                                                              controller_version):
+    # the controller Deployment as the upstream manifests label it, its image pinned by digest: no version to read
+    labels = {"app.kubernetes.io/name": "argo-rollouts"}
+    image = "quay.io/argoproj/argo-rollouts@sha256:" + "0" * 64
+    apps = client.AppsV1Api(kube)
+    apps.create_namespaced_deployment(namespace, {
+        "metadata": {"name": "argo-rollouts", "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                     {"name": "argo-rollouts", "image": image}]}}}})
+    co = client.CustomObjectsApi(kube)
+    for i in range(3):
+        co.create_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", _rollout(
+            f"svc{i}", [{"setWeight": 5}, {"pause": {}}, {"setWeight": 100}]))
+    kc = cluster.status()["kubeconfig"]
+    scan = ("scan", "--kubeconfig", kc, "-n", namespace)
+    r = drills(*scan, "--json", "--fail-on", "lint")
+    assert r.returncode == 1, r.stderr
+    out = json.loads(r.stdout)
+    assert out["summary"]["lint_errors"] == 3 and out["summary"]["controller_unknown"] == 3, out["summary"]
+    assert all([f["rule"] for f in x["lint"]] == ["final-setweight-100"] for x in out["rollouts"]), out["rollouts"]
+    (inv,) = out["clusters"]
+    assert inv["controller_version"] is None and "digest-pinned" in inv["controller_unknown"], inv
+    r = drills(*scan, "--fail-on", "exposed")
+    assert r.returncode == 3, r.stderr
+    assert "inconclusive" in r.stderr and "--controller" in r.stderr and "digest-pinned" in r.stderr, r.stderr
+    assert "controller version UNKNOWN for 3 Rollout(s)" in r.stdout and "3 with lint errors" in r.stdout, r.stdout
+    r = drills(*scan)                                  # the default gates: the lint errors decide (1 over 3)
+    assert r.returncode == 1 and "--controller" in r.stderr, r.stderr
+    # no controller Deployment visible at all (the embedded cluster's controller runs outside it)
+    apps.delete_namespaced_deployment("argo-rollouts", namespace)
+    until("no argo-rollouts controller Deployment left in the cluster", lambda: controller_of(apps),
+          lambda found: found == (None, None), timeout=120, interval=1)
+    r = drills(*scan, "--fail-on", "exposed")
+    assert r.returncode == 3 and "no argo-rollouts controller Deployment visible" in r.stderr, r.stderr
+    r = drills(*scan, "--fail-on", "exposed", "--controller", controller_version)
+    assert r.returncode == 1 and "inconclusive" not in r.stderr, r.stderr      # predicted: exposed

@@ -19,8 +19,8 @@ from ..answer import exposed, peak_fact
 from ..kit import DrillRollout, Observation
 from ..ledger import FAIL, HAZARD, HOLDS, PASS
 from ..phases import PhasedLoad
-from ..podtemplate import container_images, with_image
-from ..rollout import HASH_LABEL, healthy_at
+from ..podtemplate import container_images, template_differences
+from ..rollout import HASH_LABEL, Predicate, healthy_at
 from ..steps import last_set_weight
 from ..wait import WaitTimeout
 from .a import ASSERT_PEAK, exit_rows
@@ -32,16 +32,31 @@ class LiveLaneA(Runbook):
     title = "live rollback on a stage Rollout (natural timing)"
 
     def __init__(self, ctx: LaneContext, drill: DrillRollout, steps: list, cut: list, template_v1: dict,
-                 load: PhasedLoad | None = None):
+                 load: PhasedLoad | None = None, template_before: dict | None = None,
+                 other_differences: list[str] | None = None):
         super().__init__(ctx)
         self.drill, self.steps, self.cut, self.template_v1, self.load = drill, steps, cut, template_v1, load
+        # the pod template before the drill: what every template the drill sends is compared with
+        self.template_before = template_before if template_before is not None else \
+            drill.ro.get(drill.name)["spec"]["template"]
+        self.other_differences = list(other_differences or [])
 
     def _rollback(self, label: str) -> Observation:
         d = self.drill
+        changed = template_differences(self.template_before, self.template_v1, d.spec.container)
+        if changed:         # never sent: the rollback reverts the application container's image, nothing else
+            raise StepFailed(f"the {label} rollback template differs from the template before the drill in more "
+                             f"than container {d.spec.container}'s image ({'; '.join(changed)}); nothing was sent")
         if self.load:
             self.load.start(label)
         rec = d.record(label)
         d.rollback(self.template_v1)
+        if d.hash_v1 is None:       # a template no ReplicaSet ran (other differences left as they are): a new one
+            stable = d.hash_v2
+            ro = d.ro.wait(d.name, Predicate(f"a ReplicaSet other than {stable} for the rolled-back template",
+                                             lambda o: (o.get("status") or {}).get("currentPodHash") not in
+                                             (None, stable)), d.settle_timeout(), progress=d.progress)
+            d.hash_v1 = ro["status"]["currentPodHash"]
         stopped, extra = None, None
         try:
             d.wait_settled()
@@ -58,10 +73,12 @@ class LiveLaneA(Runbook):
         peak = obs.peak_canary_weight_while_partial
         polarity, shows = (HAZARD, exposed(obs.weights_while_partial)) if step_name == "before" else \
             (HOLDS, None if peak is None else peak <= last_set_weight(steps))
+        left = {"other_differences_left_as_they_are": self.other_differences} if self.other_differences else {}
         return self.row(step_name, ASSERT_PEAK, last_set_weight(steps), peak, v, evidence=obs.timeline, reason=r,
                         key="peak-weight", polarity=polarity, shows=shows,
                         fact=peak_fact(step_name.upper(), peak, obs.weights_while_partial),
-                        weights_while_partial=obs.weights_while_partial, mode="live", series_text=obs.describe())
+                        weights_while_partial=obs.weights_while_partial, mode="live", series_text=obs.describe(),
+                        **left)
 
     @step()
     def before(self) -> dict:
@@ -74,18 +91,23 @@ class LiveLaneA(Runbook):
     @step("cut_steps")
     def redeploy(self) -> dict:
         d = self.drill
-        before = d.ro.get(d.name)["spec"]["template"]
-        meant = container_images(with_image(before, d.spec.container, d.spec.image_v2))
+        meant = container_images(self.template_before)
         d.deploy(d.spec.image_v2)
+        # the template the drill sent, container by container (init containers too), against the one before the drill
+        sent = template_differences(self.template_before, d.ro.get(d.name)["spec"]["template"])
         rolled = self._stable_images()
-        ok = rolled == meant
+        ok = rolled == meant and not sent
 
         def row(verdict: str) -> dict:
             return self.row("redeploy", "the redeploy changes only the application container's image", meant,
-                            rolled, verdict, key="image-only", mode="live", container=d.spec.container)
+                            rolled, verdict, key="image-only", mode="live", container=d.spec.container,
+                            compared_with="the pod template before the drill", sent_differences=sent,
+                            **({"reason": f"the template sent differs from the one before the drill: "
+                                          f"{'; '.join(sent)}"} if sent else {}))
         if not ok:
             row(FAIL)
-            raise StepFailed(f"the redeployed ReplicaSet runs {rolled}, not the template the drill meant ({meant})")
+            raise StepFailed(f"the redeployed ReplicaSet runs {rolled} and the template sent differs from the one "
+                             f"before the drill in {sent or 'nothing'}; the template before the drill: {meant}")
         d.wait_scaled_to_zero(d.hash_v1, timeout=600)
         return row(PASS)        # a pass only once the step is done: an interrupted step never has one
 

@@ -120,14 +120,17 @@ def safe_pod_count(ro: ScannedRollout, facts: VersionFacts) -> dict:
     return out
 
 
-def lint(ro: ScannedRollout, facts: VersionFacts, safe: dict | None = None) -> list[Finding]:
+def lint(ro: ScannedRollout, facts: VersionFacts | None, safe: dict | None = None) -> list[Finding]:
+    """The findings; with ``facts`` None (the controller version unknown) those that do not depend on the version
+    (the final setWeight 100, the last-rung ratio, the steps the validation refuses), never none."""
     out: list[Finding] = [Finding(CRD_PRUNED if f.kind == "pruned" else CRD_REJECTED, ERROR, f.message, None,
                                   f.line or ro.line, ro.file) for f in ro.schema_findings]
     for problem in ro.invalid:
         i = int(re.match(r"step (\d+)", problem).group(1))
         line, file = _at(ro, i)
+        where = f", {facts.line('step-one-of').ref()}" if facts is not None else ""
         out.append(Finding(INVALID_SPEC, ERROR, f"{problem}: the controller's validation refuses the spec "
-                           f"(InvalidSpec, {facts.line('step-one-of').ref()}) and reconciles nothing", i, line, file))
+                           f"(InvalidSpec{where}) and reconciles nothing", i, line, file))
     if ro.strategy != "canary" or ro.rejected:
         return out
     i, w = last_set_weight_step(ro.steps)
@@ -146,6 +149,8 @@ def lint(ro: ScannedRollout, facts: VersionFacts, safe: dict | None = None) -> l
         out.append(Finding(RATIO, WARNING, f"step {idx}: the remaining rung setWeight {sw[-1][1]} is more than 3 x "
                            f"the first rung {sw[0][1]}: a rollback puts {sw[-1][1]} on the first revived pods "
                            f"even without a final 100; lower it.", idx, line, file))
+    if facts is None:             # the safe pod count depends on the version's rules
+        return out
     safe = safe if safe is not None else safe_pod_count(ro, facts)
     if safe["safe_pod_count"] is not None and ro.replicas > safe["safe_pod_count"]:
         line, file = _at(ro, None)

@@ -18,7 +18,7 @@ from ..kubeconfig import files_of
 from ..outputs import check_distinct, check_output, reports_folder
 from ..lanes.base import LaneContext
 from ..lanes.scan import LaneScan
-from ..ledger import Ledger, exit_code, new_run_id
+from ..ledger import INCONCLUSIVE, Ledger, exit_code, new_run_id
 from ..report import write_matrix, write_run_report
 from ..toolchain import resolve_controller_versions
 from .charts import scan_charts
@@ -28,7 +28,7 @@ from .fleet import FleetScan
 from .live import contexts, read_cluster
 from .model import ScanInputError
 from .readers import ReadResult, manifest_paths, read_manifests
-from .records import evaluate, table, to_json, version_order
+from .records import evaluate, table, to_json, unknown_why, version_order
 from .sources import SourceMapError, facts_for
 from .verify import pick
 
@@ -189,6 +189,8 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
     if args.verify:
         verification, run_dir, vcode = verify_run(records, args.verify, "scan of " + "; ".join(scope), log)
         stats["verify_run"] = str(run_dir)
+        if not verification:
+            stats["verify"] = "inconclusive: nothing verified (exit 3; why on stderr and in the run folder)"
         code = combine_exit_codes(code, vcode)
     used_facts = [f for f in facts_cache.values() if f is not None]
     try:
@@ -203,15 +205,34 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
         _write(args.sarif, write_sarif, records, unreadable=bad)
     if args.junit:
         _write(args.junit, lambda recs, path: write_junit(recs, path, verification), records)
-    if "exposed" in fail_on and any(r.exposed or (r.pred and r.pred.promotes_while_partial) for r in records):
-        code = combine_exit_codes(code, 1)
-    if "lint" in fail_on and any(r.lint_errors for r in records):
-        code = combine_exit_codes(code, 1)
+    gated, said = gate(records, fail_on)
+    code = combine_exit_codes(code, gated)
+    for line in said:
+        log(line)
     for u in unreadable:
         log(f"drills: cannot read {u}")
     for e in bad:
         log(f"drills: cannot read {e}")
     return combine_exit_codes(code, 2) if unreadable or bad else code
+
+
+def gate(records: list, fail_on: set[str]) -> tuple[int, list[str]]:
+    """The exit code of the gates asked for, and what makes it inconclusive: 1 for a lint error (``lint``) or a
+    predicted exposure (``exposed``); 3 with ``exposed`` when the controller version of a Rollout is unknown (its
+    exposure cannot be predicted: no version is no evidence of none), naming how to give it."""
+    code, said = 0, []
+    if "exposed" in fail_on and any(r.exposed or (r.pred and r.pred.promotes_while_partial) for r in records):
+        code = combine_exit_codes(code, 1)
+    if "lint" in fail_on and any(r.lint_errors for r in records):
+        code = combine_exit_codes(code, 1)
+    unknown = [r for r in records if r.facts is None]
+    if unknown and "exposed" in fail_on:
+        code = combine_exit_codes(code, 3)
+        whys = "; ".join(sorted({unknown_why(r.ro) for r in unknown}))
+        said.append(f"drills scan: inconclusive: the controller version of {len(unknown)} Rollout(s) is unknown "
+                    f"({whys}), so their exposure is not predicted; give the version the controller runs with "
+                    f"--controller vX.Y.Z (or --fail-on lint to gate on the lint alone)")
+    return code, said
 
 
 def _fleet(args, version: str, stats: dict, workers: int) -> ReadResult:
@@ -262,7 +283,26 @@ def verify_run(records: list, k: int, scope: str, log) -> tuple[list[dict], Path
             cluster.release()
             if not was_up:
                 cluster.down(quiet=True, if_unused=True)
+    code = exit_code([c for c in comparisons])
+    if not comparisons:                 # nothing probed is no evidence for the prediction, never a clean verify
+        why = nothing_verified(k, skipped, uncovered, shapes)
+        Ledger(run_dir, run_id, target="embedded", controller_version="unknown").record(
+            "scan", "verify", "shapes of the scan verified on the real controller", f">= 1 (K={k})", 0, INCONCLUSIVE,
+            reason=why, key="verified")
+        log(f"verify: inconclusive: {why}")
+        code = combine_exit_codes(code, 3)
     write_run_report(run_dir)
     write_matrix(None, run_dir.parent)
     log(f"verify: run folder {run_dir}, report {run_dir / 'report.html'}")
-    return comparisons, run_dir, exit_code([c for c in comparisons])
+    return comparisons, run_dir, code
+
+
+def nothing_verified(k: int, skipped: dict, uncovered: list[str], shapes: list) -> str:
+    """Why --verify K verified nothing: what kept each Rollout out."""
+    if shapes:
+        return f"none of the {len(shapes)} picked shape(s) was probed"
+    parts = [f"{n} Rollout(s) not verifiable: {why}" for why, n in skipped.items()]
+    if uncovered:
+        parts.append(f"rules not covered with K={k}: {', '.join(uncovered)}")
+    return (f"--verify {k} could verify nothing: " + ("; ".join(parts) or "no Rollout to verify")
+            + (" (give the controller version with --controller)" if "controller version unknown" in skipped else ""))

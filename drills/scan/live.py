@@ -37,6 +37,7 @@ class ClusterInventory:
     exposed: int = 0
     error: str | None = None
     specs: list = field(default_factory=list)
+    controller_unknown: str | None = None         # why the version is not known (None: known, or --controller)
     controller_given: list[str] | None = None     # --controller: the versions predicted on instead
     namespace: str | None = None                  # -n: the one namespace read (None: every namespace)
     selector: str | None = None                   # -l: the label selector
@@ -45,7 +46,7 @@ class ClusterInventory:
         return {"context": self.context, "controller_version": self.controller_version,
                 "controller": self.controller, "rollouts": self.rollouts, "exposed": self.exposed,
                 "error": self.error, "controller_given": self.controller_given, "namespace": self.namespace,
-                "selector": self.selector}
+                "selector": self.selector, "controller_unknown": self.controller_unknown}
 
 
 def contexts(kubeconfig: str | None, context: str | None, all_contexts: bool) -> list[tuple[str, str]]:
@@ -65,10 +66,13 @@ def _image_version(image: str) -> str | None:
 
 
 def controller_of(apps_api) -> tuple[str | None, str | None]:
-    """(version, 'namespace/name image') of the argo-rollouts controller Deployment, or (None, None)."""
+    """(version, 'namespace/name image') of the argo-rollouts controller Deployment, or (None, None).  A Deployment
+    the controller's labels find counts by its container named ``argo-rollouts`` too (an image mirrored under
+    another repository name)."""
     candidates = []
     for sel in _CONTROLLER_LABELS:
         candidates += apps_api.list_deployment_for_all_namespaces(label_selector=sel).items
+    labelled = bool(candidates)
     if not candidates:
         candidates = apps_api.list_deployment_for_all_namespaces().items
     for d in candidates:
@@ -78,9 +82,20 @@ def controller_of(apps_api) -> tuple[str | None, str | None]:
         for c in d.spec.template.spec.containers or []:
             image = c.image or ""
             repo = image.rsplit("@", 1)[0].rsplit(":", 1)[0]
-            if _IMAGE_RE.search(repo) and not any(x in image for x in _NOT_CONTROLLER):
+            if (_IMAGE_RE.search(repo) or (labelled and c.name == "argo-rollouts")) \
+                    and not any(x in image for x in _NOT_CONTROLLER):
                 return _image_version(image), f"{d.metadata.namespace}/{name} {image}"
     return None, None
+
+
+def unknown_reason(version: str | None, where: str | None) -> str | None:
+    """Why the cluster's controller version is not known (None when it is)."""
+    if version:
+        return None
+    if where:
+        return (f"the controller image ({where}) names no release tag (digest-pinned, or a tag such as 'latest')")
+    return ("no argo-rollouts controller Deployment visible (a controller outside the cluster, an image mirrored "
+            "under another name without the controller's labels, or RBAC that hides it)")
 
 
 def read_cluster(kubeconfig: str, context: str, namespace: str | None = None, selector: str | None = None,
@@ -110,6 +125,8 @@ def read_cluster(kubeconfig: str, context: str, namespace: str | None = None, se
         return ClusterInventory(context, None, None, **scope,
                                 error=kube.describe(e, kube.server_of(api), "listing Rollouts"))
     inv = ClusterInventory(context, version, where, **scope)
+    unknown = None if controllers else unknown_reason(version, where)
+    inv.controller_unknown = unknown
     items = items.get("items") if isinstance(items, dict) else items
     items = [] if items is None else items
     if not isinstance(items, list):
@@ -123,6 +140,8 @@ def read_cluster(kubeconfig: str, context: str, namespace: str | None = None, se
         md = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
         ro = from_object(obj, f"cluster:{context}/{md.get('namespace')}/{md.get('name')}")
         ro.origin = {"cluster": context, "controller": where}
+        if unknown:
+            ro.origin["controller_unknown"] = unknown
         for v in controllers or [version or ""]:
             inv.specs.append(dataclasses.replace(ro, controller_version=v, origin=dict(ro.origin)))
     inv.rollouts = len(items)

@@ -65,8 +65,8 @@ class Record:
             "overload": round(p.overload, 2) if p and p.overload is not None else None,
             "exposed": self.exposed,
             "promotes_while_partial": bool(p and p.promotes_while_partial),
-            "rule": p.as_dict() if p else {"id": UNKNOWN_CONTROLLER, "text": "the controller version of this "
-                                                "cluster is unknown: no argo-rollouts Deployment", "lines": []},
+            "rule": p.as_dict() if p else {"id": UNKNOWN_CONTROLLER, "text": unknown_text(ro), "lines": []},
+            "controller_unknown": None if p or self.facts else unknown_why(ro),
             "notes": p.notes if p else [],
             "not_modelled": list(self.not_modelled),
             "crd_schema": [f.as_dict() for f in ro.schema_findings],
@@ -84,12 +84,22 @@ class Record:
         }
 
 
+def unknown_why(ro: ScannedRollout) -> str:
+    """Why the controller version of a Rollout is unknown (what its cluster showed)."""
+    return (ro.origin or {}).get("controller_unknown") or "no controller version given or found"
+
+
+def unknown_text(ro: ScannedRollout) -> str:
+    return (f"the controller version is unknown ({unknown_why(ro)}): no exposure is predicted; give it with "
+            f"--controller vX.Y.Z")
+
+
 def evaluate(ro: ScannedRollout, facts: VersionFacts | None, cache: dict | None = None) -> Record:
     """The Rollout as that version's controller sees it (drills.scan.schema: its CRD prunes what it does not
     know), its prediction, safe pod count and wave (shared by Rollouts of one shape through ``cache``), what the
     prediction does not model, and the lint findings (each Rollout's own lines)."""
-    if facts is None:
-        return Record(ro, None, None)
+    if facts is None:           # no prediction without the version; the lint that does not depend on it still runs
+        return Record(ro, None, None, lint(ro, None))
     ro = seen_by_controller(ro, facts.version, facts.root or None)
     key = (id(facts), ro.shape())
     hit = cache.get(key) if cache is not None else None
@@ -129,6 +139,7 @@ def summary(records: list[Record]) -> dict:
         "by_wave": {w: dict(sorted(c.items(), key=lambda x: _vkey(x[0]))) for w, c in sorted(by_wave.items())},
         "rules": dict(rules.most_common()),
         "sources_unreadable": dict(sorted(unreadable_sources(records).items(), key=lambda x: _vkey(x[0]))),
+        "controller_unknown": sum(r.facts is None for r in records),
     }
 
 
@@ -176,6 +187,11 @@ def table(records: list[Record], inventory: list | None = None, verification: li
     s = summary(records)
     out.append("")
     out.append(f"{s['rollouts']} Rollouts, {s['exposed']} exposed, {s['lint_errors']} with lint errors")
+    if s["controller_unknown"]:
+        whys = sorted({unknown_why(r.ro) for r in records if r.facts is None})
+        out.append(f"  controller version UNKNOWN for {s['controller_unknown']} Rollout(s) ({'; '.join(whys)}): "
+                   f"their exposure is not predicted (only the lint that does not depend on the version ran); give "
+                   f"the version with --controller vX.Y.Z")
     for v, why in s["sources_unreadable"].items():
         out.append(f"  controller {v}: its source could not be read, so its rows say lines unknown ({why})")
     for v, c in s["by_version"].items():
@@ -193,6 +209,7 @@ def table(records: list[Record], inventory: list | None = None, verification: li
             given = d.get("controller_given")
             out.append(f"  {d['context']}: controller {d['controller_version'] or 'not found'}"
                        f"{' (' + d['controller'] + ')' if d['controller'] else ''}"
+                       + (f", version unknown: {d['controller_unknown']}" if d.get("controller_unknown") else "")
                        + (f", predicted on {', '.join(given)} (--controller)" if given else "")
                        + (f", namespace {d['namespace']}" if d.get("namespace") else "")
                        + (f", selector {d['selector']}" if d.get("selector") else "") + f", {d['rollouts']} Rollouts, "
