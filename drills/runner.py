@@ -6,6 +6,14 @@ one pytest process over its lane's folder (lanes/<key>/), in namespaces of its o
 and load; every leg appends to the run's ledger (a file lock makes concurrent writers safe).  ``jobs`` legs run
 at once.  Binaries build in the background while the legs whose binaries are ready already run.  The console
 shows each leg's start and end and, every half minute, what runs and which leg is the slowest.
+
+However the run ends it stops what it started.  Each leg's pytest runs in a process group of its own (a
+signal to the run's group reaches the run, never a leg directly) and dies with the run; on SIGINT or SIGTERM the
+run asks every running leg to stop (SIGINT: its teardown removes its namespaces, load and mesh), SIGKILLs the
+group of a leg still running after LEG_STOP_GRACE_S, takes down the clusters it started, and writes run.json
+(``interrupted``, the signal, each leg's state: done, interrupted or not started) and the report; exit 3.  A
+second signal during that stops at once and says what is left.  A run killed outright (SIGKILL) cannot clean
+up: its clusters carry its mark (drills.cluster.remains), and the next run or `cluster up` takes them down.
 """
 from __future__ import annotations
 
@@ -13,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -23,11 +32,15 @@ from typing import Callable
 
 from . import config
 from . import legs as legsmod
-from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
-from .errors import BadInput, combine_exit_codes
+from .cluster import ClusterError, ClusterInputError, EmbeddedCluster, remains
+from .errors import EXIT_INCONCLUSIVE, BadInput, combine_exit_codes
 from .lanes import REGISTRY
 from .ledger import FAIL, INCONCLUSIVE, PASS, exit_code, new_run_id, read_rows
 from .legs import Leg
+from .procs import die_with_parent, start_time
+from .run_stop import (DONE, INTERRUPTED, NOT_STARTED, Stopping, interrupted_by, killed,  # noqa: F401
+                       record_unfinished)
+from .signals import Interrupted, SignalGuard
 from .report import write_matrix, write_run_report
 from .toolchain import BuildError, Toolchain, components_for
 
@@ -119,6 +132,10 @@ class Binary:
         return out
 
 
+class LegStopped(Exception):
+    """A leg the run's stop reached before its pytest started."""
+
+
 @dataclass
 class LegResult:
     leg: Leg
@@ -127,6 +144,9 @@ class LegResult:
     ended: float = 0.0
     log: Path | None = None
     error: str | None = None
+    state: str = DONE              # or INTERRUPTED: it ran when the run was stopped
+    proc: subprocess.Popen | None = None
+    proc_started: int | None = None      # the pytest's start time (the proof its group is still the leg's)
 
     @property
     def seconds(self) -> float:
@@ -134,7 +154,7 @@ class LegResult:
 
 
 @dataclass
-class Run:
+class Run(Stopping):
     legs: list[Leg]
     run_dir: Path
     jobs: int
@@ -154,6 +174,10 @@ class Run:
         self.cluster_locks = {self._key(x): threading.Lock() for x in self.legs}
         self.left = {k: sum(1 for x in self.legs if self._key(x) == k) for k in self.cluster_locks}
         self.failed_clusters: set[str] = set()
+        self.stopping = threading.Event()          # a signal came: no leg starts, running ones are stopped
+        self.interrupted: str | None = None         # the signal's name
+        self.threads: list[threading.Thread] = []
+        self.remains: list[str] = []                # what an interrupted run could not take away
 
     @staticmethod
     def _key(leg: Leg) -> str:
@@ -195,6 +219,8 @@ class Run:
         with self.cluster_locks[key]:
             c = self.clusters.get(key)
             if c is None:
+                if self.stopping.is_set():
+                    raise LegStopped("the run was interrupted before its cluster started")
                 c = EmbeddedCluster(cluster_name(key, len(self.cluster_locks)), log=self.log)
                 kw = {}
                 if binary:
@@ -204,6 +230,8 @@ class Run:
                          + (f"user-built {binary.label} ({binary.path}, sha256 {binary.sha256}), CRDs from {binary.crds}"
                             if binary else key))
                 c.hold(f"drills run {self.run_id}")     # until its last leg is done
+                if not self.keep_cluster:                # marked as this run's before anything starts
+                    remains.mark(c.name, self.run_id)
                 c.up(leg.controller, build=False, **kw)
                 self.clusters[key] = c
             return c
@@ -222,8 +250,16 @@ class Run:
                         self.log(f"run {self.run_id}: a leg on {c.name} failed; its logs are kept in {kept}")
                     except OSError as e:
                         self.log(f"run {self.run_id}: the logs of {c.name} could not be kept: {e}")
-                c.release()
-                c.down(quiet=True, if_unused=True)
+                self._take_down(c)
+
+    def _take_down(self, c: EmbeddedCluster) -> None:
+        c.release()
+        left_up = "left_up" in c.down(quiet=True, if_unused=True)
+        if not left_up:
+            remains.unmark(c.name)
+        if self.stopping.is_set():
+            self.log(f"run {self.run_id}: cluster {c.name} " + ("left up: somebody else holds it" if left_up
+                                                                else "taken down"))
 
     # --- one leg ----------------------------------------------------------------------------------------------
     def _run_leg(self, leg: Leg, res: LegResult) -> None:
@@ -250,9 +286,17 @@ class Run:
             for name in ("DRILLS_CONTROLLER_BINARY", "DRILLS_CRDS", "DRILLS_SOURCE"):
                 if binary is None:         # a release's leg never inherits a user-built controller's settings
                     env.pop(name, None)
-            with open(res.log, "w") as out:
-                res.rc = subprocess.call(cmd, cwd=str(config.project_root()), env=env, stdout=out,
-                                         stderr=subprocess.STDOUT)
+            with open(res.log, "w") as out, self.lock:
+                if self.stopping.is_set():
+                    raise LegStopped("the run was interrupted before the leg's pytest started")
+                # a group of its own: only the run signals it (SIGINT first, so its teardown runs)
+                res.proc = subprocess.Popen(cmd, cwd=str(config.project_root()), env=env, stdout=out,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True, preexec_fn=die_with_parent)
+                res.proc_started = start_time(res.proc.pid)
+            res.rc = res.proc.wait()
+        except LegStopped as e:
+            res.error = str(e)
         except (ClusterError, ClusterInputError, BadInput) as e:
             res.error = f"cluster for {leg.label or leg.controller}: {e}"
             res.rc = 2 if isinstance(e, (ClusterInputError, BadInput)) else 1
@@ -261,9 +305,9 @@ class Run:
             res.rc = 1
         finally:
             res.ended = time.monotonic()
-            if res.rc == 0 or res.error is None:
+            if res.state == DONE and (res.rc == 0 or res.error is None):
                 legsmod.record_duration(leg, res.seconds)
-            self._leg_done(leg, failed=res.rc != 0)
+            self._leg_done(leg, failed=res.rc != 0 and res.state == DONE)
             self._say_done(res)
             self.changed.set()
 
@@ -285,12 +329,22 @@ class Run:
                  f"{waiting} waiting" + (f"; slowest: {slowest.leg.id} ({slowest.seconds:.0f}s)" if slowest else ""))
 
     # --- the run --------------------------------------------------------------------------------------------
-    def execute(self) -> dict[str, LegResult]:
+    def execute(self, guard: SignalGuard | None = None) -> dict[str, LegResult]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         builder = threading.Thread(target=self._build_all, name="toolchain", daemon=True)
         builder.start()
+        try:
+            remains.reap(self.log)    # the clusters of a run killed (SIGKILL) before it could take them down
+            self._legs()
+            builder.join(timeout=1)
+            self._down_all()
+        except Interrupted as e:
+            self._stop(e, guard)
+        return self.results
+
+    def _legs(self) -> None:
         pending = list(self.legs)
-        threads: list[threading.Thread] = []
+        threads = self.threads
         next_status = time.monotonic() + STATUS_EVERY_S
         while pending or any(t.is_alive() for t in threads):
             with self.lock:
@@ -319,13 +373,16 @@ class Run:
             if time.monotonic() >= next_status:
                 self._status()
                 next_status = time.monotonic() + STATUS_EVERY_S
-        builder.join(timeout=1)
-        for version in list(self.clusters):
-            if not self.keep_cluster:
-                c = self.clusters.pop(version)
-                c.release()
-                c.down(quiet=True, if_unused=True)
-        return self.results
+
+    def _down_all(self) -> None:
+        for key in list(self.clusters):
+            c = self.clusters.get(key)
+            if c is not None and not self.keep_cluster:
+                self._take_down(c)
+                self.clusters.pop(key, None)
+
+    def _cluster_names(self) -> list[str]:
+        return [cluster_name(key, len(self.cluster_locks)) for key in self.cluster_locks]
 
 
 def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, env: dict | None = None,
@@ -342,17 +399,23 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
     t0 = time.monotonic()
     log(f"run {run_dir.name}: {len(plan)} leg(s), {jobs} at a time")
     r = Run(plan, run_dir, jobs, env or {}, {b.label: b for b in binaries}, keep_cluster, log)
-    results = r.execute()
-    wall = time.monotonic() - t0
-    (run_dir / "run.json").write_text(json.dumps(dict(meta or {}, run_id=run_dir.name, jobs=jobs, wall_s=round(wall, 1),
-                                                      legs=[dict(x.to_dict(), rc=results[x.id].rc,
-                                                                 seconds=round(results[x.id].seconds, 1),
-                                                                 error=results[x.id].error) for x in plan]),
-                                                 indent=1))
+    with SignalGuard() as guard:
+        results = r.execute(guard)
+        wall = time.monotonic() - t0
+        record_unfinished(r)
+        (run_dir / "run.json").write_text(json.dumps(dict(
+            meta or {}, run_id=run_dir.name, jobs=jobs, wall_s=round(wall, 1), interrupted=bool(r.interrupted),
+            signal=r.interrupted, left=r.remains,
+            legs=[dict(x.to_dict(), state=results[x.id].state if x.id in results else NOT_STARTED,
+                       rc=results[x.id].rc if x.id in results else None,
+                       seconds=round(results[x.id].seconds, 1) if x.id in results else 0.0,
+                       error=results[x.id].error if x.id in results else None) for x in plan]), indent=1))
     rows = read_rows(run_dir / "ledger.json")
-    codes = [exit_code(rows)]
+    codes = [exit_code(rows)] + ([EXIT_INCONCLUSIVE] if r.interrupted else [])
     for res in results.values():
         mine = leg_rows(rows, res.leg, r._binary(res.leg))
+        if res.state == INTERRUPTED or killed(res):
+            continue            # stopped or killed: its inconclusive row (record_unfinished) says so
         if res.rc == 2:
             codes.append(2)
         elif res.rc != 0 and exit_code(mine) == 0:

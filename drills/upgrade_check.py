@@ -23,7 +23,7 @@ from . import config, lanes, legs, provenance, runner, upgrade
 from .answer import headline
 from .branches import SourceMapError, find_branches, source_file
 from .controller_binary import ControllerBinaryError, inspect_binary
-from .errors import EXIT_BAD_INPUT, BadInput
+from .errors import EXIT_BAD_INPUT, EXIT_INCONCLUSIVE, BadInput
 from .ledger import INCONCLUSIVE, new_run_id, read_rows
 from .report import write_matrix, write_run_report
 from .upgrade_report import UPGRADE_FILE
@@ -181,6 +181,8 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
                                          keep_cluster=args.keep_cluster, meta=meta, log=log)
     if run_code == EXIT_BAD_INPUT:
         return EXIT_BAD_INPUT, run_dir, [], sides
+    if runner.interrupted_by(run_dir):      # no answer from a run that was stopped: its rows are a part
+        return EXIT_INCONCLUSIVE, run_dir, [], sides
     run_doc = legs.read_run_meta(run_dir)
     leg_rows = {x["id"]: x for x in run_doc.get("legs", [])}
     # a leg that ended without any row of its own (its cluster or pytest could not run) leaves its side unknown
