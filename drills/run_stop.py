@@ -7,13 +7,15 @@ its end gets an inconclusive row: whatever rows it wrote before, it is no comple
 """
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 from .cluster import EmbeddedCluster
-from .ledger import INCONCLUSIVE, Ledger
+from .ledger import FAIL, INCONCLUSIVE, PASS, Ledger, rewrite_rows
 from .procs import start_time
 from .signals import Interrupted, SignalGuard
 from .wait import WaitTimeout, until
@@ -33,6 +35,7 @@ class Stopping:
 
     def _stop(self, e: Interrupted, guard: SignalGuard | None) -> None:
         self.interrupted = signal.Signals(e.signum).name
+        self.stopped_at = time.time()
         with self.lock:
             self.stopping.set()
             running = [r for r in self.results.values() if not r.ended]
@@ -92,9 +95,35 @@ class Stopping:
         return out
 
 
+def _recorded_at(row: dict) -> float:
+    try:
+        return float(calendar.timegm(time.strptime(str(row.get("recorded_at")), "%Y-%m-%dT%H:%M:%SZ")))
+    except (ValueError, OverflowError):
+        return float("inf")         # a row that does not say when: taken as recorded during the stop
+
+
+def judge_stopped_rows(r) -> None:
+    """A row a stopped leg recorded once the stop began (its step cut short: load and holds torn down under it) is
+    no evidence either way: its pass or fail becomes inconclusive, the verdict it had kept in its details."""
+    stopped = [res for res in r.results.values() if res.state == INTERRUPTED]
+    path = r.run_dir / "ledger.json"
+    if not stopped or not path.exists():
+        return
+    since = int(r.stopped_at)          # rows say the second they were recorded
+
+    def change(row: dict) -> dict:
+        if row.get("verdict") not in (PASS, FAIL) or _recorded_at(row) < since or not r._is_leg_row(row, stopped):
+            return row
+        return dict(row, verdict=INCONCLUSIVE, shows=None, reason=f"recorded while the leg was being stopped "
+                    f"(the run was interrupted by {r.interrupted}): its step was cut short",
+                    details=dict(row.get("details") or {}, verdict_before_stop=row.get("verdict")))
+    rewrite_rows(path, change)
+
+
 def record_unfinished(r) -> None:
     """An inconclusive row for each leg that did not run to its end (stopped by the run's signal, or its pytest
     killed by one): whatever rows it wrote before, the leg is no complete pass."""
+    judge_stopped_rows(r)
     for res in r.results.values():
         if res.state == INTERRUPTED:
             why = f"the run was interrupted by {r.interrupted} while this leg ran"

@@ -178,6 +178,7 @@ class Run(Stopping):
         self.interrupted: str | None = None         # the signal's name
         self.threads: list[threading.Thread] = []
         self.remains: list[str] = []                # what an interrupted run could not take away
+        self.stopped_at = 0.0
 
     @staticmethod
     def _key(leg: Leg) -> str:
@@ -380,6 +381,9 @@ class Run(Stopping):
             if c is not None and not self.keep_cluster:
                 self._take_down(c)
                 self.clusters.pop(key, None)
+
+    def _is_leg_row(self, row: dict, results: list[LegResult]) -> bool:
+        return any(leg_rows([row], res.leg, self._binary(res.leg)) for res in results)
 
     def _cluster_names(self) -> list[str]:
         return [cluster_name(key, len(self.cluster_locks)) for key in self.cluster_locks]
