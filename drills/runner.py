@@ -233,7 +233,11 @@ class Run(Stopping):
                 c.hold(f"drills run {self.run_id}")     # until its last leg is done
                 if not self.keep_cluster:                # marked as this run's before anything starts
                     remains.mark(c.name, self.run_id)
-                c.up(leg.controller, build=False, **kw)
+                try:
+                    c.up(leg.controller, build=False, **kw)
+                except BaseException:       # nothing of this run's is left up (another's cluster is not ours)
+                    remains.unmark(c.name)
+                    raise
                 self.clusters[key] = c
             return c
 

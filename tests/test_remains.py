@@ -55,7 +55,7 @@ def test_a_killed_runs_cluster_is_taken_down_and_said(cache):
         assert remains.reap(said.append) == [c.name]
         proc.wait(30)                   # stopped by the reap (SIGTERM), reaped here
         assert not c.folder.exists() and not remains.mark_path(c.name).exists()
-        assert any("run-killed" in line and "killed" in line and c.name in line for line in said), said
+        assert any("run run-killed" in line and "left behind" in line and c.name in line for line in said), said
         assert any("rollouts-controller" in line for line in said), said
     finally:
         if proc.poll() is None:

@@ -95,7 +95,7 @@ def reap(log, skip: tuple[str, ...] = ()) -> list[str]:
             log(f"cluster: {name} was started by {who}, which is gone, but it is in use by {len(users)} holder(s): "
                 f"left up")
             continue
-        log(f"cluster: {name} is what {who} left when it was killed: taking it down")
+        log(f"cluster: {name} is what {who} left behind (that process is gone): taking it down")
         result = c.down(quiet=True, if_unused=True)
         if "left_up" in result:
             continue
