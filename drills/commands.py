@@ -11,7 +11,7 @@ from pathlib import Path
 from . import config, console, kube, lanes, legs, provenance, runner
 from . import report_command
 from .alerts import command as alerts_command
-from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
+from .cluster import ClusterError, ClusterInputError, EmbeddedCluster, remains
 from .cluster.embedded import audit_log_for
 from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
@@ -102,6 +102,7 @@ def cmd_cluster_up(args) -> int:
     if args.api_port is not None and not 1024 <= args.api_port <= 65535:
         raise BadInput(f"--api-port {args.api_port}: give a port in 1024..65535")
     version = _one_version(args.controller)
+    remains.reap(_progress)             # the clusters a killed run left
     try:
         st = EmbeddedCluster().up(version, build=not args.no_build, api_port=args.api_port)
     except ClusterInputError as e:
@@ -234,7 +235,16 @@ def cmd_run(args) -> int:
         print(f"{binary.label} is a user-built controller: its rows are observations, not held to a release's "
               f"expectations; classify them against a baseline with: drills upgrade-check --from "
               f"{config.DEFAULT_CONTROLLER} --runs {run_dir} ... or run drills upgrade-check --to-binary")
+    _say_interrupted(run_dir)
     return code
+
+
+def _say_interrupted(run_dir: Path) -> None:
+    """The last line of a run that a signal stopped (its run.json and report are written)."""
+    sig = runner.interrupted_by(run_dir)
+    if sig:
+        err(f"interrupted by {sig}: the legs that ran were stopped and the run's clusters taken down; its rows are "
+            f"no complete result (run.json: interrupted; {run_dir})")
 
 
 def _live_plan(args, lane: str, duration: float | None) -> int:
@@ -299,6 +309,7 @@ def cmd_upgrade_check(args) -> int:
             print(h["text"])
         print(changes_table(changes))
         print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  (changes in {run_dir / UPGRADE_FILE})")
+    _say_interrupted(run_dir)
     return code
 
 

@@ -181,3 +181,14 @@ def exit_code(rows: list[dict]) -> int:
     if INCONCLUSIVE in verdicts:
         return 3
     return 0
+
+
+def rewrite_rows(path: Path, change) -> list[dict]:
+    """Replace every row of a ledger file by ``change(row)`` under the ledger's lock (a run judging its own rows
+    after its legs ended); returns the rows as written."""
+    with _locked(path):
+        rows = [change(r) for r in read_rows(path)]
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(rows, indent=2, default=str))
+        os.replace(tmp, path)
+    return rows

@@ -221,6 +221,12 @@ def leg_gap(record: dict, rows: list[dict]) -> Gap | None:
     """What a leg's end says of its rows (``rows``: the leg's own): None when pytest finished (exit 0, or 1 with a
     failing row) and recorded rows; else the Gap, its cause named."""
     leg, rc, error = str(record.get("id")), record.get("rc"), record.get("error")
+    state = record.get("state")           # drills.run_stop's: a run stopped by a signal says each leg's state
+    if state == "interrupted":
+        return Gap(leg, 3, "stopped when the run was interrupted" + (f" after {len(rows)} row(s): its rows are "
+                                                                    f"incomplete" if rows else ", before any row"))
+    if state == "not started":
+        return Gap(leg, 3, "not started: the run was interrupted first")
     if error:
         if rc == 2:
             return Gap(leg, 2, f"refused before it started: {error}")

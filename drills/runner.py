@@ -6,13 +6,20 @@ one pytest process over its lane's folder (lanes/<key>/), in namespaces of its o
 and load; every leg appends to the run's ledger (a file lock makes concurrent writers safe).  ``jobs`` legs run
 at once.  Binaries build in the background while the legs whose binaries are ready already run.  The console
 shows each leg's start and end and, every half minute, what runs and which leg is the slowest.
+
+However the run ends it stops what it started.  Each leg's pytest runs in a process group of its own (a
+signal to the run's group reaches the run, never a leg directly) and dies with the run; on SIGINT or SIGTERM the
+run asks every running leg to stop (SIGINT: its teardown removes its namespaces, load and mesh), SIGKILLs the
+group of a leg still running after LEG_STOP_GRACE_S, takes down the clusters it started, and writes run.json
+(``interrupted``, the signal, each leg's state: done, interrupted or not started) and the report; exit 3.  A
+second signal during that stops at once and says what is left.  A run killed outright (SIGKILL) cannot clean
+up: its clusters carry its mark (drills.cluster.remains), and the next run or `cluster up` takes them down.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -21,14 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import config, evidence
+from . import config
 from . import legs as legsmod
-from .cluster import ClusterError, ClusterInputError, EmbeddedCluster
-from .errors import BadInput, combine_exit_codes
+from .cluster import ClusterError, ClusterInputError, EmbeddedCluster, remains
+from .errors import EXIT_INCONCLUSIVE, BadInput, combine_exit_codes
 from .lanes import REGISTRY
-from .ledger import FAIL, INCONCLUSIVE, PASS, exit_code, new_run_id, read_rows
+from .ledger import FAIL, INCONCLUSIVE, PASS, new_run_id, read_rows
 from .legs import Leg
+from .procs import die_with_parent, start_time
+from .run_stop import (DONE, INTERRUPTED, NOT_STARTED, Stopping, interrupted_by, killed,  # noqa: F401
+                       record_unfinished)
+from .signals import Interrupted, SignalGuard
 from .report import write_matrix, write_run_report
+from .run_folder import MISSING_SHOWN, link_latest, merge, verdict  # noqa: F401 (drills.runner's names)
 from .toolchain import BuildError, Toolchain, components_for
 
 STATUS_EVERY_S = 30.0
@@ -93,15 +105,6 @@ def leg_rows(rows: list[dict], leg: Leg, binary: "Binary | None" = None) -> list
     return [r for r in rows if mine(r)]
 
 
-def link_latest(run_dir: Path) -> None:
-    latest = run_dir.parent / "latest"
-    tmp = run_dir.parent / ".latest.tmp"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    tmp.symlink_to(run_dir.name)
-    os.replace(tmp, latest)
-
-
 @dataclass
 class Binary:
     """A user-built controller: the release its cluster stands in for, and how to start it."""
@@ -122,6 +125,10 @@ class Binary:
         return out
 
 
+class LegStopped(Exception):
+    """A leg the run's stop reached before its pytest started."""
+
+
 @dataclass
 class LegResult:
     leg: Leg
@@ -130,6 +137,9 @@ class LegResult:
     ended: float = 0.0
     log: Path | None = None
     error: str | None = None
+    state: str = DONE              # or INTERRUPTED: it ran when the run was stopped
+    proc: subprocess.Popen | None = None
+    proc_started: int | None = None      # the pytest's start time (the proof its group is still the leg's)
 
     @property
     def seconds(self) -> float:
@@ -137,7 +147,7 @@ class LegResult:
 
 
 @dataclass
-class Run:
+class Run(Stopping):
     legs: list[Leg]
     run_dir: Path
     jobs: int
@@ -157,6 +167,11 @@ class Run:
         self.cluster_locks = {self._key(x): threading.Lock() for x in self.legs}
         self.left = {k: sum(1 for x in self.legs if self._key(x) == k) for k in self.cluster_locks}
         self.failed_clusters: set[str] = set()
+        self.stopping = threading.Event()          # a signal came: no leg starts, running ones are stopped
+        self.interrupted: str | None = None         # the signal's name
+        self.threads: list[threading.Thread] = []
+        self.remains: list[str] = []                # what an interrupted run could not take away
+        self.stopped_at = 0.0
 
     @staticmethod
     def _key(leg: Leg) -> str:
@@ -198,6 +213,8 @@ class Run:
         with self.cluster_locks[key]:
             c = self.clusters.get(key)
             if c is None:
+                if self.stopping.is_set():
+                    raise LegStopped("the run was interrupted before its cluster started")
                 c = EmbeddedCluster(cluster_name(key, len(self.cluster_locks)), log=self.log)
                 kw = {}
                 if binary:
@@ -207,7 +224,13 @@ class Run:
                          + (f"user-built {binary.label} ({binary.path}, sha256 {binary.sha256}), CRDs from {binary.crds}"
                             if binary else key))
                 c.hold(f"drills run {self.run_id}")     # until its last leg is done
-                c.up(leg.controller, build=False, **kw)
+                if not self.keep_cluster:                # marked as this run's before anything starts
+                    remains.mark(c.name, self.run_id)
+                try:
+                    c.up(leg.controller, build=False, **kw)
+                except BaseException:       # nothing of this run's is left up (another's cluster is not ours)
+                    remains.unmark(c.name)
+                    raise
                 self.clusters[key] = c
             return c
 
@@ -225,8 +248,16 @@ class Run:
                         self.log(f"run {self.run_id}: a leg on {c.name} failed; its logs are kept in {kept}")
                     except OSError as e:
                         self.log(f"run {self.run_id}: the logs of {c.name} could not be kept: {e}")
-                c.release()
-                c.down(quiet=True, if_unused=True)
+                self._take_down(c)
+
+    def _take_down(self, c: EmbeddedCluster) -> None:
+        c.release()
+        left_up = "left_up" in c.down(quiet=True, if_unused=True)
+        if not left_up:
+            remains.unmark(c.name)
+        if self.stopping.is_set():
+            self.log(f"run {self.run_id}: cluster {c.name} " + ("left up: somebody else holds it" if left_up
+                                                                else "taken down"))
 
     # --- one leg ----------------------------------------------------------------------------------------------
     def _run_leg(self, leg: Leg, res: LegResult) -> None:
@@ -254,9 +285,17 @@ class Run:
             for name in ("DRILLS_CONTROLLER_BINARY", "DRILLS_CRDS", "DRILLS_SOURCE"):
                 if binary is None:         # a release's leg never inherits a user-built controller's settings
                     env.pop(name, None)
-            with open(res.log, "w") as out:
-                res.rc = subprocess.call(cmd, cwd=str(config.project_root()), env=env, stdout=out,
-                                         stderr=subprocess.STDOUT)
+            with open(res.log, "w") as out, self.lock:
+                if self.stopping.is_set():
+                    raise LegStopped("the run was interrupted before the leg's pytest started")
+                # a group of its own: only the run signals it (SIGINT first, so its teardown runs)
+                res.proc = subprocess.Popen(cmd, cwd=str(config.project_root()), env=env, stdout=out,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True, preexec_fn=die_with_parent)
+                res.proc_started = start_time(res.proc.pid)
+            res.rc = res.proc.wait()
+        except LegStopped as e:
+            res.error = str(e)
         except (ClusterError, ClusterInputError, BadInput) as e:
             res.error = f"cluster for {leg.label or leg.controller}: {e}"
             res.rc = 2 if isinstance(e, (ClusterInputError, BadInput)) else 1
@@ -265,9 +304,9 @@ class Run:
             res.rc = 1
         finally:
             res.ended = time.monotonic()
-            if res.rc == 0 or res.error is None:
+            if res.state == DONE and (res.rc == 0 or res.error is None):
                 legsmod.record_duration(leg, res.seconds)
-            self._leg_done(leg, failed=res.rc != 0)
+            self._leg_done(leg, failed=res.rc != 0 and res.state == DONE)
             self._say_done(res)
             self.changed.set()
 
@@ -289,12 +328,22 @@ class Run:
                  f"{waiting} waiting" + (f"; slowest: {slowest.leg.id} ({slowest.seconds:.0f}s)" if slowest else ""))
 
     # --- the run --------------------------------------------------------------------------------------------
-    def execute(self) -> dict[str, LegResult]:
+    def execute(self, guard: SignalGuard | None = None) -> dict[str, LegResult]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         builder = threading.Thread(target=self._build_all, name="toolchain", daemon=True)
         builder.start()
+        try:
+            remains.reap(self.log)    # the clusters of a run killed (SIGKILL) before it could take them down
+            self._legs()
+            builder.join(timeout=1)
+            self._down_all()
+        except Interrupted as e:
+            self._stop(e, guard)
+        return self.results
+
+    def _legs(self) -> None:
         pending = list(self.legs)
-        threads: list[threading.Thread] = []
+        threads = self.threads
         next_status = time.monotonic() + STATUS_EVERY_S
         while pending or any(t.is_alive() for t in threads):
             with self.lock:
@@ -323,13 +372,19 @@ class Run:
             if time.monotonic() >= next_status:
                 self._status()
                 next_status = time.monotonic() + STATUS_EVERY_S
-        builder.join(timeout=1)
-        for version in list(self.clusters):
-            if not self.keep_cluster:
-                c = self.clusters.pop(version)
-                c.release()
-                c.down(quiet=True, if_unused=True)
-        return self.results
+
+    def _down_all(self) -> None:
+        for key in list(self.clusters):
+            c = self.clusters.get(key)
+            if c is not None and not self.keep_cluster:
+                self._take_down(c)
+                self.clusters.pop(key, None)
+
+    def _is_leg_row(self, row: dict, results: list[LegResult]) -> bool:
+        return any(leg_rows([row], res.leg, self._binary(res.leg)) for res in results)
+
+    def _cluster_names(self) -> list[str]:
+        return [cluster_name(key, len(self.cluster_locks)) for key in self.cluster_locks]
 
 
 def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, env: dict | None = None,
@@ -346,14 +401,20 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
     t0 = time.monotonic()
     log(f"run {run_dir.name}: {len(plan)} leg(s), {jobs} at a time")
     r = Run(plan, run_dir, jobs, env or {}, {b.label: b for b in binaries}, keep_cluster, log)
-    results = r.execute()
-    wall = time.monotonic() - t0
-    (run_dir / "run.json").write_text(json.dumps(dict(meta or {}, run_id=run_dir.name, jobs=jobs, wall_s=round(wall, 1),
-                                                      legs=[dict(x.to_dict(), rc=results[x.id].rc,
-                                                                 seconds=round(results[x.id].seconds, 1),
-                                                                 error=results[x.id].error) for x in plan]),
-                                                 indent=1))
-    code, _, rows = verdict(run_dir)
+    with SignalGuard() as guard:
+        results = r.execute(guard)
+        wall = time.monotonic() - t0
+        record_unfinished(r)
+        (run_dir / "run.json").write_text(json.dumps(dict(
+            meta or {}, run_id=run_dir.name, jobs=jobs, wall_s=round(wall, 1), interrupted=bool(r.interrupted),
+            signal=r.interrupted, left=r.remains,
+            legs=[dict(x.to_dict(), state=results[x.id].state if x.id in results else NOT_STARTED,
+                       rc=results[x.id].rc if x.id in results else None,
+                       seconds=round(results[x.id].seconds, 1) if x.id in results else 0.0,
+                       error=results[x.id].error if x.id in results else None) for x in plan]), indent=1))
+    code, _, rows = verdict(run_dir)       # a stopped or never started leg is a gap: inconclusive
+    if r.interrupted:
+        code = combine_exit_codes(code, EXIT_INCONCLUSIVE)
     try:
         write_run_report(run_dir)
         write_matrix(None, run_dir.parent)
@@ -364,81 +425,3 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
     log(f"run {run_dir.name}: {len(plan)} leg(s) in {wall:.0f}s wall (the legs' own durations sum to "
         f"{legs_sum:.0f}s)")
     return code, run_dir, rows
-
-
-def verdict(run_dir: Path, whole: bool = False) -> tuple[int, list[str], list[dict]]:
-    """A run folder's verdict: (exit code, what is missing, its rows judged against their evidence).  The rows'
-    exit (drills.ledger) combined with every gap of its legs (drills.legs.coverage: a leg that could not start,
-    was killed or did not finish, or recorded no row, is inconclusive; ``whole``: every leg of the plan is
-    expected, as in a merge); what is missing is named leg by leg, then each row whose evidence fails."""
-    run_dir = Path(run_dir)
-    rows = evidence.read_judged(run_dir)
-    gaps = legsmod.coverage(legsmod.read_run_meta(run_dir), rows, whole=whole)
-    lines = [g.text for g in gaps]
-    judged = [r for r in rows if r.get("recorded_verdict")]
-    lines += [f"{r.get('controller_name') or r.get('controller_version')} {r.get('id') or r.get('assertion')}: "
-              f"{r.get('recorded_verdict')} -> inconclusive, {r.get('reason')}" for r in judged[:MISSING_SHOWN]]
-    if len(judged) > MISSING_SHOWN:
-        lines.append(f"... and {len(judged) - MISSING_SHOWN} more row(s) whose evidence fails (report.md)")
-    return combine_exit_codes(exit_code(rows), *(g.code for g in gaps)), lines, rows
-
-
-MISSING_SHOWN = 20            # rows whose evidence fails, named one by one before "... and N more"
-
-
-# --- shards merged into one run folder -------------------------------------------------------------------------
-def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], None] | None = None) -> Path:
-    """Merge shard run folders into one run folder, as if one machine had run every leg: the rows (run id
-    rewritten to the merged run's, the shard's kept as ``shard_run_id``), the evidence folders, the JUnit files,
-    the leg records.  Refused (bad input) when a folder is not a shard run folder, when the shards were cut from
-    different plans, when a leg is in two shards, or when a shard carries rows of a leg it did not run (its
-    run.json ``legs``); a leg of the plan no shard ran is said, and makes the merge's verdict
-    (``verdict(dest, whole=True)``) inconclusive."""
-    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    metas = []
-    for d in run_dirs:
-        metas.append((Path(d), legsmod.read_run_meta(Path(d))))
-    digests = {m.get("plan_digest") for _, m in metas}
-    if len(digests) != 1:
-        raise BadInput(f"the run folders come from different plans ({', '.join(sorted(map(str, digests)))}): plan "
-                       f"every shard with the same legs and durations (drills run --plan --json, --durations)")
-    seen: dict[str, Path] = {}
-    for d, m in metas:
-        for leg in m.get("legs") or []:
-            if leg["id"] in seen:
-                raise BadInput(f"leg {leg['id']} is in two run folders ({seen[leg['id']]} and {d})")
-            seen[leg["id"]] = d
-    shard_rows = {d: read_rows(d / "ledger.json") for d, _ in metas}
-    for d, m in metas:            # a shard's rows are its own legs' rows: another leg's would override its shard's
-        ran = m.get("legs") or []
-        for r in shard_rows[d]:
-            owner = r.get("leg") or next((x["id"] for x in ran if legsmod.rows_of([r], x)), None)
-            if owner not in {x["id"] for x in ran}:
-                what = owner or f"of lane {r.get('lane')} on {r.get('controller_name') or r.get('controller_version')}"
-                raise BadInput(f"{d}: it carries rows of leg {what}, which this shard did not run (its run.json "
-                               f"legs: {', '.join(x['id'] for x in ran) or 'none'}): refused")
-    planned = set(metas[0][1].get("all_legs") or seen)
-    if planned - set(seen):
-        log(f"merge: leg(s) no shard ran: {', '.join(sorted(planned - set(seen)))}")
-    dest = Path(dest or config.reports_dir() / new_run_id())
-    dest.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for d, _ in metas:
-        for item in d.iterdir():
-            if item.name in ("ledger.json", "ledger.json.lock", "run.json", "report.html", "report.md"):
-                continue
-            target = dest / item.name
-            if item.is_dir():
-                shutil.copytree(item, target, dirs_exist_ok=True)
-            else:
-                shutil.copy2(item, target)
-        rows += [dict(r, run_id=dest.name, shard_run_id=r.get("shard_run_id") or r.get("run_id"))
-                 for r in shard_rows[d]]
-    (dest / "ledger.json").write_text(json.dumps(rows, indent=2, default=str))
-    (dest / "run.json").write_text(json.dumps({
-        "run_id": dest.name, "merged_from": [str(d) for d, _ in metas], "plan_digest": digests.pop(),
-        "legs": [leg for _, m in metas for leg in m.get("legs") or []],
-        "all_legs": sorted(planned)}, indent=1))
-    write_run_report(dest)
-    link_latest(dest)
-    return dest

@@ -27,7 +27,7 @@ from . import config, lanes, legs, provenance, runner, upgrade
 from .answer import headline
 from .branches import SourceMapError, find_branches, source_file
 from .controller_binary import ControllerBinaryError, inspect_binary
-from .errors import EXIT_BAD_INPUT, BadInput
+from .errors import EXIT_BAD_INPUT, EXIT_INCONCLUSIVE, BadInput
 from .evidence import read_judged
 from .ledger import new_run_id
 from .report import write_matrix, write_run_report
@@ -228,6 +228,8 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
                                          keep_cluster=args.keep_cluster, meta=meta, log=log)
     if run_code == EXIT_BAD_INPUT:
         return EXIT_BAD_INPUT, run_dir, [], sides
+    if runner.interrupted_by(run_dir):      # no answer from a run that was stopped: its rows are a part
+        return EXIT_INCONCLUSIVE, run_dir, [], sides
     # a leg that could not start, was killed, did not finish or recorded no row (drills.legs.coverage), and a leg
     # whose pytest failed while none of its rows did, leaves its side's evidence incomplete: inconclusive
     gaps = _gaps(legs.read_run_meta(run_dir), rows)

@@ -3,6 +3,7 @@
 with its retries inside it (no cluster needed)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -174,3 +175,44 @@ def test_a_late_answer_ends_the_live_preflight_at_its_one_deadline(tmp_path):
     finally:
         api.close()
 
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["group-sigterm", "group-sigint"])
+def test_a_run_interrupted_before_its_legs_start_writes_run_json_and_says_so(tmp_path, sig):
+    """A run waiting for its binaries (another process holds their build locks) cancelled as `timeout` and CI
+    runners cancel (the signal to its whole process group): exit 3 with a last line saying so, and the run folder
+    has run.json saying interrupted, the signal, and that no leg started."""
+    import fcntl
+    from drills.toolchain import Toolchain, components_for
+    cache = tmp_path / "cache"
+    locks = []
+    for comp in components_for(["v1.8.2"], []):
+        path = Toolchain(cache)._lock_path(comp.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+")
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        locks.append(fh)
+    env = env_for(tmp_path, DRILLS_CACHE=str(cache), DRILLS_CLUSTER="cancel-waiting")
+    proc = subprocess.Popen([sys.executable, "-m", "drills", "run", "--controller", "v1.8.2", "--lanes", "order"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        lines: list[str] = []
+
+        def waiting() -> bool:
+            lines.append(proc.stderr.readline())
+            return "is being built by another process" in lines[-1] or proc.poll() is not None
+        until("the run to wait for its binaries", waiting, timeout=120)
+        os.killpg(proc.pid, sig)
+        out, err = finish(proc)
+    finally:
+        for fh in locks:
+            fh.close()
+    err = "".join(lines) + err
+    line = interrupted(proc, out, err, sig.name)
+    assert "interrupted" in line, line
+    run_dir = next(d for d in (tmp_path / "reports").iterdir() if d.is_dir() and not d.is_symlink())
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["interrupted"] is True and meta["signal"] == sig.name and meta["left"] == [], meta
+    assert [x["state"] for x in meta["legs"]] == ["not started"], meta
+    assert (run_dir / "report.html").is_file()

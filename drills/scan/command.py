@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from .. import config
-from ..cluster import EmbeddedCluster
+from ..cluster import EmbeddedCluster, remains
 from ..errors import combine_exit_codes
 from ..fleet import base_sources
 from ..helm import Helm, HelmError
@@ -275,14 +275,16 @@ def verify_run(records: list, k: int, scope: str, log) -> tuple[list[dict], Path
         was_up = bool(cluster.status().get("ready")) and cluster.controller_version == version
         try:
             cluster.hold("drills scan --verify")
+            if not was_up:                       # this scan's: a scan killed before its down leaves it marked
+                remains.mark(cluster.name, run_id)
             cluster.up(version)
             ctx.api, ctx.cluster, ctx.audit_log = cluster.api_client(), cluster, cluster.status().get("audit_log")
             lane.verify()
         finally:
             comparisons += lane.comparisons
             cluster.release()
-            if not was_up:
-                cluster.down(quiet=True, if_unused=True)
+            if not was_up and "left_up" not in cluster.down(quiet=True, if_unused=True):
+                remains.unmark(cluster.name)
     code = exit_code([c for c in comparisons])
     if not comparisons:                 # nothing probed is no evidence for the prediction, never a clean verify
         why = nothing_verified(k, skipped, uncovered, shapes)

@@ -40,12 +40,15 @@ def _stat(pid: int) -> tuple[int, int] | None:
 
 class DrillProc:
     """A ``python -m drills ...`` child: its console lines as they come, the processes it started (followed while
-    it runs, so one that outlives it is found), signals, its exit."""
+    it runs, so one that outlives it is found), signals, its exit.  With ``group`` it leads a process group of its
+    own, as a CI job's command does, so ``send_group`` signals it and everything in its group (as `timeout` and
+    CI runners cancel)."""
 
-    def __init__(self, args: list[str], env: dict, wrap: list[str] | None = None):
+    def __init__(self, args: list[str], env: dict, wrap: list[str] | None = None, group: bool = False):
         self.args = list(map(str, args))
         self.proc = subprocess.Popen([*(wrap or []), sys.executable, "-m", "drills", *self.args], env=env,
-                                     cwd=str(PROJECT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     cwd=str(PROJECT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=group)
         self.pid = self.proc.pid
         self.out: list[str] = []
         self.err: list[str] = []
@@ -105,6 +108,16 @@ class DrillProc:
     def send(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
+    def send_group(self, sig: int) -> None:
+        """``sig`` to the drill's whole process group (it leads it: ``group=True``)."""
+        os.killpg(self.pid, sig)
+
+    def descendants(self, text: str) -> list[int]:
+        """Live descendants whose command line has ``text``."""
+        self.scan()      # (the command line read now: the one noted may be from before the child's exec)
+        return [pid for pid, (start, _) in sorted(self.tree.items()) if (_stat(pid) or (0, -1))[1] == start
+                and text in cmdline(pid) and pid_alive(pid)]
+
     def wait(self, timeout: float = 600) -> int:
         try:
             rc = self.proc.wait(timeout)
@@ -130,6 +143,12 @@ class DrillProc:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(30)
+        self.scan()
+        for pid in self.descendants("--drills-run-id"):       # its legs' pytest (a group of their own each)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         self._done.set()
 
 
