@@ -301,10 +301,11 @@ def cmd_upgrade_check(args) -> int:
         _progress(f"run folder: {run_dir}")
     else:
         doc = json.loads((run_dir / UPGRADE_FILE).read_text()) if (run_dir / UPGRADE_FILE).exists() else {}
-        for line in doc.get("missing") or []:               # what the comparison lacks first: no go without it
-            print(f"!! INCOMPLETE: {line}")
-        for line in doc.get("new_hazards") or []:          # then what gates the upgrade
+        # what decides the exit first: a new hazard (exit 1) before what the comparison lacks (no go without it)
+        for line in doc.get("new_hazards") or []:
             print(line)
+        for line in doc.get("missing") or []:
+            print(f"!! INCOMPLETE: {line}")
         for h in doc.get("headlines") or []:
             print(h["text"])
         print(changes_table(changes))

@@ -25,6 +25,7 @@ from .ledger import INCONCLUSIVE, PASS, UNVERIFIED, read_rows
 JUDGED = (PASS, UNVERIFIED)          # the verdicts that claim an observation stands on its evidence
 TIMELINE_SUFFIX = ".timeline.jsonl"  # drills.timeline's (layer 3): the recorder closes every timeline with END
 TAIL_BYTES = 1 << 20                 # how much of a JSON Lines file's end is read to find its last record
+OWN_RECORDS = ("ledger.json", "run.json", "report.html", "report.md")   # the run's record, never its evidence
 
 
 def roots_of(run_dir: Path) -> list[Path]:
@@ -63,13 +64,21 @@ def _last_line(path: Path) -> tuple[bytes, bool]:
 def problem(row: dict, run_dir: Path, roots: list[Path] | None = None, cache: dict | None = None) -> str | None:
     """Why a row's named evidence cannot carry its verdict (None: it can, or the row names none)."""
     ev = row.get("evidence")
-    if not ev or not isinstance(ev, str):
+    if not ev:
         return None
-    p = Path(ev) if Path(ev).is_absolute() else Path(run_dir) / ev
+    if not isinstance(ev, str):
+        return f"evidence is not a path: {str(ev)[:80]}"
+    try:
+        p = Path(ev) if Path(ev).is_absolute() else Path(run_dir) / ev
+    except (ValueError, TypeError):
+        return f"evidence is not a path: {ev[:80]!r}"
     key = (str(p), str(row.get("leg") or ""), str(row.get("shard_run_id") or row.get("run_id") or ""))
     if cache is not None and key in cache:
         return cache[key]
-    out = _problem(p, row, [Path(x) for x in (roots or [run_dir])])
+    try:
+        out = _problem(p, row, [Path(x) for x in (roots or [run_dir])])
+    except (OSError, ValueError, RecursionError) as e:     # a name the filesystem refuses, a record nested too deep
+        out = f"evidence unreadable: {str(p)[:200]} ({type(e).__name__})"
     if cache is not None:
         cache[key] = out
     return out
@@ -84,12 +93,16 @@ def _problem(p: Path, row: dict, roots: list[Path]) -> str | None:
         return f"evidence missing: {p}"
     if not _inside(real, roots):
         return f"evidence outside the run folder: {p}"
+    if any(real == r.resolve() or real == (r / m).resolve() for r in roots for m in OWN_RECORDS):
+        return f"evidence is the run folder's own record, not an observation: {p}"
     try:
         if real.is_dir():
             return None if any(real.iterdir()) else f"evidence empty: {p}"
         if real.stat().st_size == 0:
             return f"evidence empty: {p}"
-        if real.name.endswith(".json") and real.stat().st_size <= inputs.RECORD_BYTES:
+        if real.name.endswith(".json"):
+            if real.stat().st_size > inputs.RECORD_BYTES:
+                return f"evidence too large to check: {p} (over {inputs.RECORD_BYTES >> 20} MiB)"
             try:
                 json.loads(real.read_bytes())
             except ValueError:

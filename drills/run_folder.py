@@ -56,7 +56,19 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     metas = []
     for d in run_dirs:
-        metas.append((Path(d), legsmod.read_run_meta(Path(d))))
+        meta = legsmod.read_run_meta(Path(d))
+        if not meta.get("plan_digest") or not (Path(d) / "ledger.json").is_file():
+            raise BadInput(f"{d}: not a shard run folder of drills run (its run.json names no plan, or it has no "
+                           f"ledger.json): refused")
+        metas.append((Path(d), meta))
+    dest = Path(dest or config.reports_dir() / new_run_id())
+    for d, _ in metas:       # the merged folder is never written into a folder it reads
+        if dest.absolute().resolve().is_relative_to(d.resolve()):
+            raise BadInput(f"{d}: the merged run folder ({dest}) would be inside it; set DRILLS_REPORTS elsewhere")
+    plans = {json.dumps(sorted(m.get("all_legs") or [])) for _, m in metas}
+    if len(plans) != 1:
+        raise BadInput("the run folders' run.json list different legs of the plan (all_legs): they are not shards "
+                       "of one plan")
     digests = {m.get("plan_digest") for _, m in metas}
     if len(digests) != 1:
         raise BadInput(f"the run folders come from different plans ({', '.join(sorted(map(str, digests)))}): plan "
@@ -79,7 +91,6 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
     planned = set(metas[0][1].get("all_legs") or seen)
     if planned - set(seen):
         log(f"merge: leg(s) no shard ran: {', '.join(sorted(planned - set(seen)))}")
-    dest = Path(dest or config.reports_dir() / new_run_id())
     dest.mkdir(parents=True, exist_ok=True)
     rows = []
     for d, _ in metas:
@@ -87,10 +98,12 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
             if item.name in ("ledger.json", "ledger.json.lock", "run.json", "report.html", "report.md"):
                 continue
             target = dest / item.name
-            if item.is_dir():
-                shutil.copytree(item, target, dirs_exist_ok=True)
+            # links stay links (a link to anything outside a shard is never copied in: its evidence stays outside
+            # the merged folder, and drills.evidence judges it so)
+            if item.is_dir() and not item.is_symlink():
+                shutil.copytree(item, target, symlinks=True, dirs_exist_ok=True)
             else:
-                shutil.copy2(item, target)
+                shutil.copy2(item, target, follow_symlinks=False)
         rows += [dict(r, run_id=dest.name, shard_run_id=r.get("shard_run_id") or r.get("run_id"))
                  for r in shard_rows[d]]
     (dest / "ledger.json").write_text(json.dumps(rows, indent=2, default=str))

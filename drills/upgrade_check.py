@@ -200,13 +200,28 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
         if bad:
             raise BadInput(f"--runs: not a run folder (no ledger.json): {', '.join(bad)}")
         # each folder's rows judged against the evidence where it was recorded, and the gaps of its legs
-        rows, gaps = [], []
+        rows, gaps, ran, planned = [], [], set(), set()
         for d in dirs:
             got = read_judged(d)
             rows += [dict(r, evidence=_evidence_from(d, r.get("evidence"))) for r in got]
-            if (d / "run.json").is_file():
-                meta = legs.read_run_meta(d)
-                gaps += [f"{d}: {g}" for g in _gaps(dict(meta, legs=_legs_of(meta, sides, keys)), got)]
+            if not (d / "run.json").is_file():       # which legs ran, and how they ended, is unknown
+                gaps.append(f"{d}: no run.json: which legs ran and how they ended is unknown")
+                continue
+            meta = legs.read_run_meta(d)
+            if meta.get("classified_from"):
+                raise BadInput(f"--runs {d}: a classification of upgrade-check, not a run folder: give the run "
+                               f"folders it read ({', '.join(map(str, meta['classified_from']))})")
+            mine = _legs_of(meta, sides, keys)
+            gaps += [f"{d}: {g}" for g in _gaps(dict(meta, legs=mine), got)]
+            ran |= {x["id"] for x in mine}
+            planned |= {x["id"] for x in _legs_of({"legs": [{"id": i} for i in meta.get("all_legs") or []]},
+                                                  sides, keys)}
+            stray = [r for r in got if (sides.is_baseline(r) or sides.is_candidate(r)) and r.get("lane") in keys
+                     and not any(legs.rows_of([r], x) for x in mine)]
+            if stray:
+                gaps.append(f"{d}: {len(stray)} row(s) of legs its run.json does not list (e.g. lane "
+                            f"{stray[0].get('lane')}): which leg wrote them, and whether it finished, is unknown")
+        gaps += [f"leg {i}: in the plan, run by none of the folders given" for i in sorted(planned - ran)]
         run_dir = classification_folder(dirs, sides, rows)
         try:
             code, changes = classify_run(run_dir, rows, sides, keys, gaps=gaps)

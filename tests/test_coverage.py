@@ -242,7 +242,9 @@ def test_upgrade_check_with_the_candidate_leg_killed_after_its_first_rows_is_no_
 def test_upgrade_check_runs_with_missing_candidate_rows_is_inconclusive(tmp_path):
     r = _upgrade(tmp_path, _sides_run(tmp_path, cand_rows=3, with_run_json=False))
     assert r.returncode == 3, r.stdout + r.stderr
-    assert r.stdout.startswith("!! INCOMPLETE: 3 row(s) of the baseline v1.8.2 missing on the candidate"), r.stdout
+    head = [x for x in r.stdout.splitlines() if x.startswith("!! INCOMPLETE: ")]
+    assert r.stdout.startswith("!! INCOMPLETE: ") and "no run.json" in head[0], r.stdout     # what is missing, first
+    assert any("3 row(s) of the baseline v1.8.2 missing on the candidate" in x for x in head), r.stdout
     assert _upgrade(tmp_path, _sides_run(tmp_path / "whole", cand_rows=6)).returncode == 0
 
 
@@ -298,3 +300,76 @@ def test_a_duplicated_newer_pass_row_never_hides_a_fail_in_the_matrix_or_the_rep
     assert "**fail**" in line and "**pass**" not in line, line
     r = drills("report", run, reports=reports)
     assert r.stdout.startswith("prescription holds on v1.8.2: no"), r.stdout
+
+
+# --- what a careful engineer tried next ----------------------------------------------------------------------
+def test_evidence_that_is_no_observation_or_cannot_be_read_is_inconclusive(tmp_path):
+    run = tmp_path / "run1"
+    run_folder(run, [{"id": "v1.8.2/a/stage"}], rows_per_leg=1)
+    big = run / "big.json"
+    with open(big, "wb") as fh:               # a sparse file past the input budget: never taken as read
+        fh.truncate((64 << 20) + 1)
+    deep = run / "deep.timeline.jsonl"
+    deep.write_text("[" * 100000 + "\n")
+    cases = {".": "own record", "ledger.json": "own record", "run.json": "own record", str(big): "too large",
+             "a\0b.json": "evidence unreadable", "x" * 5000: "evidence unreadable", str(deep): "evidence unreadable"}
+    for ev, why in cases.items():
+        row = evidence.judge(_row(run, ev), run)
+        assert row["verdict"] == INCONCLUSIVE and why in row["reason"], (ev[:40], row.get("reason"))
+    for ev in (["x"], {"a": 1}):
+        row = evidence.judge(dict(_row(run, None), evidence=ev), run)
+        assert row["verdict"] == INCONCLUSIVE and "not a path" in row["reason"], row
+
+
+def test_a_merge_keeps_links_as_links_and_their_outside_evidence_stays_outside(tmp_path):
+    s1 = run_folder(tmp_path / "s1", [{"id": "v1.8.2/a/stage"}], all_legs=PLAN)
+    s2 = tmp_path / "s2"
+    outside = run_folder(tmp_path / "outside", [{"id": "v1.8.2/b/stage"}], all_legs=PLAN)
+    s2.mkdir()
+    (s2 / "v1.8.2").symlink_to(outside / "v1.8.2")        # its evidence lives outside the shard
+    (s2 / "ledger.json").write_text((outside / "ledger.json").read_text().replace(str(outside), str(s2)))
+    (s2 / "run.json").write_text((outside / "run.json").read_text())
+    merged = runner.merge([s1, s2], dest=tmp_path / "reports" / "m")
+    assert (merged / "v1.8.2").is_dir()
+    code, missing, rows = runner.verdict(merged, whole=True)
+    assert code == 3 and any("evidence outside the run folder" in line or "evidence missing" in line
+                             for line in missing), missing       # never a pass on what lies outside the shard
+    assert [r["verdict"] for r in rows if r["lane"] == "b"] == [INCONCLUSIVE, INCONCLUSIVE]
+
+
+def test_a_merge_refuses_folders_that_are_not_shards_of_one_plan_or_would_contain_it(tmp_path):
+    a1, a2 = tmp_path / "a1", tmp_path / "a2"
+    for d in (a1, a2):
+        d.mkdir()
+        (d / "run.json").write_text("{}")
+    with pytest.raises(BadInput, match="not a shard run folder"):
+        runner.merge([a1, a2], dest=tmp_path / "m0")
+    f1 = run_folder(tmp_path / "f1", [{"id": "v1.8.2/a/stage"}], all_legs=[])
+    f2 = run_folder(tmp_path / "f2", [{"id": "v1.8.2/b/stage"}], all_legs=PLAN)
+    for order in ([f1, f2], [f2, f1]):           # the answer never depends on the order the folders are given in
+        with pytest.raises(BadInput, match="not shards of one plan"):
+            runner.merge(order, dest=tmp_path / "m1")
+    with pytest.raises(BadInput, match="would be inside it"):
+        runner.merge([f2], dest=f2 / "reports" / "m2")
+    assert not (f2 / "reports").exists() and not (tmp_path / "m0").exists() and not (tmp_path / "m1").exists()
+
+
+def test_upgrade_check_runs_expects_the_plan_and_refuses_a_classification(tmp_path):
+    plan = ["v1.8.2/a/stage", "v1.10.2/a/stage", "v1.8.2/b/stage", "v1.10.2/b/stage"]
+    shard = run_folder(tmp_path / "shard", [{"id": "v1.8.2/a/stage"}, {"id": "v1.10.2/a/stage"}], all_legs=plan)
+    reports = tmp_path / "reports"
+    r = drills("upgrade-check", "--from", "v1.8.2", "--to", "v1.10.2", "--lanes", "a,b", "--runs", shard, "--json",
+               reports=reports)
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(r.stdout[: r.stdout.rindex("}") + 1])
+    assert any("v1.8.2/b/stage" in m and "run by none" in m for m in doc["missing"]), doc["missing"]
+    classified = next(p for p in reports.iterdir() if p.is_dir())
+    again = drills("upgrade-check", "--from", "v1.8.2", "--to", "v1.10.2", "--lanes", "a", "--runs", classified,
+                   reports=tmp_path / "reports2")
+    assert again.returncode == 2 and "a classification of upgrade-check" in again.stderr, again.stderr
+    bare = tmp_path / "bare"
+    run_folder(bare, [{"id": "v1.8.2/a/stage"}, {"id": "v1.10.2/a/stage"}], all_legs=plan)
+    (bare / "run.json").unlink()
+    r = drills("upgrade-check", "--from", "v1.8.2", "--to", "v1.10.2", "--lanes", "a", "--runs", bare, "--json",
+               reports=tmp_path / "reports3")
+    assert r.returncode == 3 and "no run.json" in r.stdout, r.stdout[-2000:]

@@ -415,6 +415,14 @@ def _one_run_folder(tmp_path: Path) -> Path:
     (run / "ledger.json").write_text(json.dumps(rows))
     for r in rows:                    # a pass needs its evidence: every file a row names, whole
         write_evidence(run / r["evidence"]) if r.get("evidence") else None
+    return write_run_json(run)
+
+
+def write_run_json(run: Path) -> Path:
+    """run.json as `drills run` writes it: a leg per (controller, lane) of the rows, each ended with pytest exit 0."""
+    legs_ = sorted({f"{r['controller_version']}/{r['lane']}/stage" for r in read_rows(run / "ledger.json")})
+    (run / "run.json").write_text(json.dumps({"run_id": run.name, "plan_digest": "p1", "all_legs": legs_,
+                                              "legs": [{"id": i, "rc": 0, "error": None} for i in legs_]}))
     return run
 
 
@@ -436,7 +444,7 @@ def _identical_run(tmp_path: Path, run: Path) -> Path:
     shutil.copytree(run, out)
     rows = [r for r in read_rows(run / "ledger.json") if r["controller_version"] == "v1.8.2"]
     (out / "ledger.json").write_text(json.dumps(rows + [dict(r, controller_version="v1.8.5") for r in rows]))
-    return out
+    return write_run_json(out)
 
 
 def _tree(folder: Path) -> dict:
