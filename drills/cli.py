@@ -372,6 +372,9 @@ def _apply_globals(args) -> None:
         os.environ["DRILLS_REPORTS"] = str(path)
     if getattr(args, "output", None):
         args.json = True
+    if getattr(args, "controller", None) is not None and not args.controller.strip():
+        raise BadInput(f"--controller {args.controller!r}: give a version (or 'all'), or leave the flag out for the "
+                       f"default ({config.DEFAULT_CONTROLLER}); an empty value is an unset variable, never the default")
     if args.command in CLUSTER_COMMANDS and (args.command != "scan" or getattr(args, "verify", None)):
         config.cluster_name()                       # a name that becomes a path: checked before anything is touched
     for name in ("fleet", "charts"):          # fixtures/... outside a checkout: the built-in data

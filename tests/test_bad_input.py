@@ -248,3 +248,12 @@ def test_journal_records_what_the_drill_wrote_and_detects_a_change_by_someone_el
     reread = Journal.load(j.path)
     assert reread.data["rollouts"]["ns/svc"]["written"][-1]["steps"] == [{"setWeight": 5}]
     assert "app image now a:v3" in " ".join(reread.moved_on("ns/svc", ro("a:v3", [{"setWeight": 50}])))
+
+
+@pytest.mark.parametrize("args", [["scan", "-", "--controller", ""], ["run", "--plan", "--controller", " "],
+                                  ["probe", "--steps", "5", "--controller", ""]])
+def test_an_empty_controller_is_an_unset_variable_never_the_default(tmp_path, args):
+    r = subprocess.run([sys.executable, "-m", "drills", *args], capture_output=True, text=True, timeout=120,
+                       input="", env=dict(os.environ, DRILLS_REPORTS=str(tmp_path / "reports")))
+    assert r.returncode == 2 and "--controller" in r.stderr and "unset variable" in r.stderr, r.stderr
+    assert r.stdout == "" and not (tmp_path / "reports").exists()
