@@ -288,18 +288,34 @@ def mutations_since(audit_log: str | Path, namespace: str, since: float) -> list
 
 # --- the order the files are handed to the workers (make test: --dist loadfile --no-loadscope-reorder) --------------
 FIRST_FILES = ("tests/test_lanes.py",)      # the drills themselves: the longest file, run beside all the others
+# the files that need Prometheus (promtool), the component a cold session builds last: handed out last, so that no
+# worker waits for that build while the other files could run
+LAST_FILES = ("tests/test_alerts.py", "tests/test_mesh_cluster.py")
+CLUSTER_FIXTURES = ("cluster", "drills_cluster")     # every fixture that needs the embedded cluster requests one
+TOOLCHAIN_MARKS = ("Toolchain(", "EmbeddedCluster(", "components_for(", "ensure_binary(", '"probe"', '"up"')
 
 
 @pytest.hookimpl(trylast=True)         # after pytest has grouped the items by their session-scoped parameters
 def pytest_collection_modifyitems(session, config, items):
     """The longest file first, so that it runs beside the others instead of alone at the end; then the files that
-    need no embedded cluster (on a cold machine they run while the toolchain builds); then the rest, each group in
-    collection order."""
+    need no embedded cluster (on a cold machine they run while the toolchain builds); then the files that need
+    one; then those that need the last component built; each group in collection order."""
     def path(item) -> str:
         return item.nodeid.split("::", 1)[0]
-    needs_cluster = {path(i) for i in items if "cluster" in getattr(i, "fixturenames", ())}
+    needs_cluster = {path(i) for i in items if set(CLUSTER_FIXTURES) & set(getattr(i, "fixturenames", ()))}
+    texts: dict[str, str] = {}
 
-    def rank(item) -> int:
+    def builds(p: str, item) -> bool:
+        """The file starts a cluster or a drill, or asks the toolchain, without the fixture (it waits for builds)."""
+        if p not in texts:
+            try:
+                texts[p] = Path(str(item.fspath)).read_text(errors="replace")
+            except OSError:
+                texts[p] = ""
+        return any(mark in texts[p] for mark in TOOLCHAIN_MARKS)
+
+    def rank(item) -> int:         # a file's items keep together: --dist loadfile hands out whole files
         p = path(item)
-        return 0 if p in FIRST_FILES else (2 if p in needs_cluster else 1)
+        return (0 if p in FIRST_FILES else 3 if p in LAST_FILES else
+                2 if p in needs_cluster or p.startswith("tests/faults/") or builds(p, item) else 1)
     items.sort(key=rank)
