@@ -35,7 +35,8 @@ MAX_TOTAL_RPS = 200.0          # two cores also run etcd, the apiserver, kcm, kw
 DEFAULT_USERS = 10
 DEFAULT_RATE_PER_USER = 5.0
 DEFAULT_LOCUSTFILE = "drill_load.py"
-KILL_GRACE_S = 10.0            # after its run time (or a SIGINT), how long Locust may take to write its stats
+KILL_GRACE_S = 30.0            # after its run time (or a SIGINT), how long Locust may take to write its stats
+#                                (a second or two on a quiet machine; over ten seen on a loaded 2-core one)
 TERM_GRACE_S = 5.0             # after SIGTERM, how long before SIGKILL
 # How a LoadRun ended (``stop_outcome``).  Every outcome keeps the per-request records (the locustfile writes each
 # one, line-buffered, when its response arrives): they are the evidence of every phase.  Locust's own final CSV,

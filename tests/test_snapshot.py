@@ -73,6 +73,9 @@ def _vs_weights(kube, ns, name):
     return {r["destination"]["subset"]: r.get("weight", 0) for r in vs["spec"]["http"][0]["route"]}
 
 
+RECONCILE_WAIT_S = 240
+
+
 def _reconciles_a_new_rollout(kube, label: str) -> None:
     """A fresh Rollout goes Healthy, then a new image pauses it at setWeight 50 with the VirtualService
     written: replica sets, scheduling, fake kubelet, releaser and the Istio routing of the controller."""
@@ -80,10 +83,11 @@ def _reconciles_a_new_rollout(kube, label: str) -> None:
     client.CoreV1Api(kube).create_namespace({"metadata": {"name": ns}})
     try:
         ro = install(kube, ns, RolloutSpec(steps=[{"setWeight": 50}, {"pause": {}}], replicas=2, name="web"))
-        ro.wait("web", healthy(), 90)
+        # two clusters' controllers beside the other workers' on 2 cores: a reconcile was seen to take over 90 s
+        ro.wait("web", healthy(), RECONCILE_WAIT_S)
         ro.set_image("web", "registry.local/web:v2")
         ro.wait("web", Predicate("paused at step 1", lambda o: paused()(o) and
-                                 o["status"].get("currentStepIndex") == 1), 90)
+                                 o["status"].get("currentStepIndex") == 1), RECONCILE_WAIT_S)
         _wait_for("VirtualService at canary 50",
                   lambda: _vs_weights(kube, ns, "web") == {"stable": 50, "canary": 50}, 30)
     finally:
