@@ -9,9 +9,10 @@ A ``pass`` (or ``unverified``: an observation without an expectation) row whose 
   does not parse; a flight-recorder timeline without its closing ``END`` record: the recording never completed), or
 - from another leg or run (a timeline whose ``END`` record names a leg or run id that is not the row's)
 
-is ``inconclusive``, its reason naming the evidence (``evidence missing: <path>``); the recorded verdict stays
-on the row as ``recorded_verdict``.  A ``fail`` keeps its verdict (a fail is never hidden), and a row that names no
-evidence is not judged here (naming it is the lane's part).  Judging is idempotent: a judged row judges the same.
+is ``inconclusive``, its reason naming the evidence (``evidence missing: <path>``); so is such a row that names no
+evidence at all (every lane names what each row was judged on: a recording, or the observation it read back,
+``Runbook.observation``).  The recorded verdict stays on the row as ``recorded_verdict``.  A ``fail`` keeps its
+verdict (a fail is never hidden).  Judging is idempotent: a judged row judges the same.
 """
 from __future__ import annotations
 
@@ -62,10 +63,10 @@ def _last_line(path: Path) -> tuple[bytes, bool]:
 
 
 def problem(row: dict, run_dir: Path, roots: list[Path] | None = None, cache: dict | None = None) -> str | None:
-    """Why a row's named evidence cannot carry its verdict (None: it can, or the row names none)."""
+    """Why a row's evidence cannot carry its verdict (None: it can)."""
     ev = row.get("evidence")
-    if not ev:
-        return None
+    if not ev:                     # nothing to look at: the verdict stands on nothing
+        return "no evidence named: the row says what it observed, not where"
     if not isinstance(ev, str):
         return f"evidence is not a path: {str(ev)[:80]}"
     try:

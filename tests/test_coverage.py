@@ -95,7 +95,8 @@ def test_a_pass_without_its_evidence_is_inconclusive_never_pass(tmp_path):
         assert judged["verdict"] == INCONCLUSIVE and judged["reason"].startswith(reason), (name, judged)
         assert str(ev) in judged["reason"] and judged["recorded_verdict"] == PASS, name
     assert evidence.judge(_row(run, good), run)["verdict"] == PASS
-    assert evidence.judge(_row(run, None), run)["verdict"] == PASS          # names none: the lane's part
+    unnamed = evidence.judge(_row(run, None), run)          # a pass that names nothing it was judged on
+    assert unnamed["verdict"] == INCONCLUSIVE and unnamed["reason"].startswith("no evidence named"), unnamed
     # a fail is never hidden behind its missing evidence
     assert evidence.judge(_row(run, run / "nowhere.json", FAIL), run)["verdict"] == FAIL
 

@@ -73,10 +73,12 @@ def test_default_jobs_is_bounded_by_the_legs():
 def _shard_folder(root, name, digest, leg_ids, rows):
     d = root / name
     led = Ledger(d, name, "embedded", "v1.8.2")
-    for lane, step, verdict in rows:
-        led.record(lane, step, f"{step} holds", 1, 1, verdict, evidence=None)
     (d / "v1.8.2").mkdir(parents=True, exist_ok=True)
     (d / "v1.8.2" / f"{name}.timeline.jsonl").write_text("{}\n")
+    for lane, step, verdict in rows:        # each row names what it was judged on, as the lanes' rows do
+        seen = d / "v1.8.2" / f"{name}-{lane}-{step}.json"
+        seen.write_text("{}\n")
+        led.record(lane, step, f"{step} holds", 1, 1, verdict, evidence=seen)
     (d / "run.json").write_text(json.dumps({"plan_digest": digest, "legs": [{"id": i} for i in leg_ids],
                                             "all_legs": ["v1.8.2/a/stage", "v1.8.2/b/stage"]}))
     return d

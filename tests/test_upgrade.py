@@ -61,7 +61,7 @@ def record_lane_a(led: Ledger, before=100, after=5, exit_cap=5, healthy=True, us
                    rollback_via="gitops", partial_window_observed=True, exposure_seconds=14.2,
                    weights_while_partial=weights, revived_replicaset="6d5f7c9b8")
     led.record("a", "cut-steps", "steps after the cut (final setWeight removed), Rollout Healthy", "5,pause:10s",
-               "5,pause:10s (Healthy)", PASS, key="steps-cut", variant="stage")
+               "5,pause:10s (Healthy)", PASS, evidence="a/stage-cut-steps.json", key="steps-cut", variant="stage")
     led.record("a", "exit", "promote --full clears abort", False, False, PASS, evidence="exit.timeline.jsonl",
                key="abort-cleared", polarity=HOLDS, shows=True, variant="stage")
     led.record("a", "exit", "weight never above its value at promote --full until the revived ReplicaSet is "

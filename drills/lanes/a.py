@@ -128,9 +128,13 @@ class LaneA(Runbook):
         ro = self.drill.ro.get(self.drill.name)
         observed = ro["spec"]["strategy"]["canary"]["steps"]
         ok = observed == steps and ro["status"].get("phase") == "Healthy"
+        seen = self.observation(f"{self.ctx.variant}-cut-steps", {  # the Rollout as read back after the cut
+            "resourceVersion": ro["metadata"].get("resourceVersion"), "generation": ro["metadata"].get("generation"),
+            "steps": observed, "status": {k: ro["status"].get(k) for k in ("phase", "observedGeneration",
+                                                                             "currentStepIndex", "stableRS")}})
         return self.row("cut-steps", self._assertion("steps after the cut (final setWeight removed), Rollout Healthy"),
                         steps_text(steps), steps_text(observed) + f" ({ro['status'].get('phase')})",
-                        PASS if ok else FAIL, key=self._key("steps-cut"), variant=self.ctx.variant)
+                        PASS if ok else FAIL, evidence=seen, key=self._key("steps-cut"), variant=self.ctx.variant)
 
     @step("cut_steps")
     def redeploy_v2(self) -> None:

@@ -98,9 +98,12 @@ class LiveLaneA(Runbook):
         rolled = self._stable_images()
         ok = rolled == meant and not sent
 
+        seen = self.observation("redeploy-images", {"before_the_drill": meant, "rolled_out": rolled,
+                                                    "sent_differences": sent})
+
         def row(verdict: str) -> dict:
             return self.row("redeploy", "the redeploy changes only the application container's image", meant,
-                            rolled, verdict, key="image-only", mode="live", container=d.spec.container,
+                            rolled, verdict, evidence=seen, key="image-only", mode="live", container=d.spec.container,
                             compared_with="the pod template before the drill", sent_differences=sent,
                             **({"reason": f"the template sent differs from the one before the drill: "
                                           f"{'; '.join(sent)}"} if sent else {}))

@@ -217,7 +217,7 @@ class LaneAlert(Runbook):
                                      f"the whole drill", "never-fires", obs["healthy"] and not any(seen.values()),
                           "never active", f"{'Healthy' if obs['healthy'] else 'not Healthy'} for {obs['watched_s']}s; "
                           + "; ".join(f"{a} active at {n} evaluation(s)" for a, n in seen.items()),
-                          reason=None, samples=s)]
+                          evidence=self.observation("healthy-samples", obs), reason=None, samples=s)]
 
     @classmethod
     def report_sections(cls, cells: dict, out_dir: Path | None = None) -> list[dict]:

@@ -16,6 +16,8 @@ supported version, unless the entry says ``unverified: true`` with a reason).
 from __future__ import annotations
 
 import functools
+import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar
@@ -143,6 +145,17 @@ class Runbook:
             **details) -> dict:
         return self.ctx.ledger.record(self.key, step, assertion, expected, observed, verdict, evidence=evidence,
                                       reason=reason, **details)
+
+    def observation(self, name: str, data) -> Path:
+        """A row's evidence when no recording holds it (what was read back from the API, what a scan computed): the
+        observation written whole as JSON under the lane's evidence folder, its path for the row's ``evidence``."""
+        folder = Path(self.ctx.evidence_dir) / self.key
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / (re.sub(r"[^A-Za-z0-9._-]+", "-", f"{self.ctx.name}-{name}").strip("-.") + ".json")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1, default=str, sort_keys=True))
+        tmp.replace(path)              # whole or not at all: a cut write is never taken as the observation
+        return path
 
     def expect(self, row: dict, also: tuple[str, ...] = ()) -> dict:
         """The row must pass (``unverified`` only on a version this lane has no expectations for)."""

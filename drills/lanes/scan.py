@@ -79,8 +79,11 @@ class LaneScan(Runbook):
     @step()
     def summary(self) -> list[dict]:
         """One row per fix wave: the Rollouts the rules put in it on this version."""
-        counts = summary(self.records)["by_wave"]
+        whole = summary(self.records)
+        counts = whole["by_wave"]
         expected = (self.expected("waves") or {}) if not self.given else {}
+        seen = self.observation(f"{self.scope}-summary", {"summary": whole, "rollouts": [
+            {"source": r.ro.source, "rollout": r.ro.key, "wave": r.wave} for r in self.records]})
         rows = []
         for wave in WAVES:
             observed = sum(counts.get(wave, {}).values())
@@ -90,7 +93,7 @@ class LaneScan(Runbook):
             if verdict == UNVERIFIED:
                 reason = "no expectation: the scanned set is not the fixture fleet" if self.given else self.no_expectation
             rows.append(self.row(STEP_SUMMARY, f"{self.scope}: Rollouts in fix wave {wave}", exp, observed,
-                                 verdict, reason=reason, key=f"wave-{wave}" if wave != "-" else "wave-none",
+                                 verdict, evidence=seen, reason=reason, key=f"wave-{wave}" if wave != "-" else "wave-none",
                                  scope=self.scope, wave=wave,
                                  examples=[f"{r.ro.source} {r.ro.key}" for r in self.records
                                            if r.wave == wave][:EXAMPLES]))
