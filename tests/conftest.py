@@ -293,6 +293,29 @@ FIRST_FILES = ("tests/test_lanes.py",)      # the drills themselves: the longest
 LAST_FILES = ("tests/test_alerts.py", "tests/test_mesh_cluster.py")
 CLUSTER_FIXTURES = ("cluster", "drills_cluster")     # every fixture that needs the embedded cluster requests one
 TOOLCHAIN_MARKS = ("Toolchain(", "EmbeddedCluster(", "components_for(", "ensure_binary(", '"probe"', '"up"')
+# a file that renders charts (fleet scans, chart folders, render-diff) runs helm: its tests wait for helm's build
+# in-process first (drills.toolchain's lock, said in the log), never inside a command's subprocess timeout
+HELM_MARKS = ('"--fleet"', "Chart.yaml", '"render-diff"', "helm_binary(", "drills.helm", "from drills import helm")
+_HELM_READY: list[bool] = []
+
+
+def _file_text(item) -> str:
+    try:
+        return Path(str(item.fspath)).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def needs_helm(item) -> bool:
+    return any(mark in _file_text(item) for mark in HELM_MARKS)
+
+
+def pytest_runtest_setup(item):
+    if _HELM_READY or not needs_helm(item):
+        return
+    helm = next(c for c in components_for([]) if c.name == "helm")
+    Toolchain().ensure([helm])              # built, or waited for while the session's build makes it
+    _HELM_READY.append(True)
 
 
 @pytest.hookimpl(trylast=True)         # after pytest has grouped the items by their session-scoped parameters
@@ -306,13 +329,11 @@ def pytest_collection_modifyitems(session, config, items):
     texts: dict[str, str] = {}
 
     def builds(p: str, item) -> bool:
-        """The file starts a cluster or a drill, or asks the toolchain, without the fixture (it waits for builds)."""
+        """The file starts a cluster or a drill, asks the toolchain without the fixture, or renders charts (it waits
+        for builds)."""
         if p not in texts:
-            try:
-                texts[p] = Path(str(item.fspath)).read_text(errors="replace")
-            except OSError:
-                texts[p] = ""
-        return any(mark in texts[p] for mark in TOOLCHAIN_MARKS)
+            texts[p] = _file_text(item)
+        return any(mark in texts[p] for mark in TOOLCHAIN_MARKS + HELM_MARKS)
 
     def rank(item) -> int:         # a file's items keep together: --dist loadfile hands out whole files
         p = path(item)

@@ -153,14 +153,16 @@ def _module_served(module: str, version: str) -> bool:
 
 def components_for(controllers: list[str], extras: list[str] = ()) -> list[Component]:
     """What a cluster at these controller versions needs (and ``extras``), in the order a cold machine should build
-    them: the control plane and the first controller first (the first cluster can start then), helm next, then the
-    other controllers and the optional components."""
+    them: etcd and kwok, then helm (a minute or two; every chart render and fleet scan waits for it), the rest of the
+    control plane and the first controller (the first cluster can start then), then the other controllers and the
+    optional components."""
     base = base_components()
     opt = optional_components()
-    plane = [c for c in base if c.name != "helm"]
+    first = [c for c in base if c.name in ("etcd", "kwok")]
     helm = [c for c in base if c.name == "helm"]
+    plane = [c for c in base if c.name not in ("etcd", "kwok", "helm")]
     rollouts = [rollouts_component(v) for v in controllers]
-    return plane + rollouts[:1] + helm + rollouts[1:] + [opt[e] for e in extras]
+    return first + helm + plane + rollouts[:1] + rollouts[1:] + [opt[e] for e in extras]
 
 
 # ---------------------------------------------------------------------------------------------
