@@ -21,6 +21,7 @@ from drills.kit import DrillRollout
 from drills.procs import die_with_parent
 from drills.shapes import RolloutSpec
 from drills.toolchain import Toolchain, components_for, resolve_controller_versions
+from drills.wait import WaitTimeout, until
 
 # --- a cold cache: the session builds its whole toolchain in the background from its first second ------------------
 # in the order the tests need it (the control plane and the first controller, then helm, the second controller,
@@ -213,7 +214,7 @@ def kube_context(cluster) -> str:
 
 
 @pytest.fixture
-def stage_rollout(kube, namespace, tmp_path, controller_version):
+def stage_rollout(kube, cluster, namespace, tmp_path, controller_version):
     """prepare(**spec) -> DrillRollout: a Rollout at v2, v1 scaled to 0, a valid rollback target inside the
     window (the stand-in for a stage service that live mode drills)."""
     def prepare(**over) -> DrillRollout:
@@ -224,10 +225,54 @@ def stage_rollout(kube, namespace, tmp_path, controller_version):
         d = DrillRollout(kube, namespace, RolloutSpec(**fields), tmp_path / "prepare",
                          controller_version=controller_version)
         d.deploy_v1()
-        d.deploy_v2()
+        try:
+            d.deploy_v2()
+        except WaitTimeout as e:
+            if not _generation_unobserved(e.last):
+                raise
+            # set-up only: the worker's controller never took the new spec (a stalled watch on a loaded machine);
+            # what it logged for the namespace is said, it is started again, and the deploy is waited for once more
+            print(f"set-up: the rollouts controller did not observe the new spec: {e}\n"
+                  f"its log for {namespace}:\n{_controller_log_for(cluster, namespace)}")
+            _restart_controller(cluster)
+            d.deploy_v2()
         d.wait_scaled_to_zero(d.hash_v1)
         return d
     return prepare
+
+
+def _generation_unobserved(ro) -> bool:
+    if not ro:
+        return False
+    return str(ro.get("status", {}).get("observedGeneration")) != str(ro["metadata"].get("generation"))
+
+
+def _controller_log_for(cluster, namespace: str, lines: int = 40) -> str:
+    entry = next(p for p in cluster.state()["processes"] if p["name"] == "rollouts-controller")
+    try:
+        text = Path(entry["log"]).read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"(unreadable: {e})"
+    mine = [x for x in text if namespace in x]
+    return "\n".join((mine or text)[-lines:])
+
+
+def _restart_controller(cluster) -> None:
+    """The worker's rollouts controller killed and started again with its own command line, environment and log;
+    returns once the new one reconciles the cluster's sentinel Rollout."""
+    from drills.procs import pid_alive
+    entry = next(p for p in cluster.state()["processes"] if p["name"] == "rollouts-controller")
+    pid = entry["pid"]
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    env = dict(x.split(b"=", 1) for x in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in x)
+    cwd = os.readlink(f"/proc/{pid}/cwd")
+    os.kill(pid, signal.SIGKILL)
+    until(f"the rollouts controller (pid {pid}) to exit after SIGKILL", lambda: not pid_alive(pid), timeout=60)
+    with open(entry["log"], "ab") as lf:
+        new = subprocess.Popen(argv, env=env, cwd=cwd, stdout=lf, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True)
+    cluster.register_process("rollouts-controller", new.pid, entry.get("ports") or [], entry["log"])
+    cluster._wait_sentinel(cluster.api_client())
 
 
 @pytest.fixture

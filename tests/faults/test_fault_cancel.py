@@ -24,6 +24,7 @@ from faultkit import DrillProc
 
 from drills import config
 from drills.cluster import EmbeddedCluster, remains
+from drills.toolchain import Toolchain, components_for
 from drills.ledger import INCONCLUSIVE, read_rows
 from drills.wait import until
 
@@ -109,6 +110,9 @@ def test_group_sigterm_stops_the_legs_and_takes_down_the_clusters(tmp_path, case
     base = f"cx-{case}"
     names = _names(base, versions)
     _take_down(names)
+    # every side's binaries built (or waited for) first: on a cold machine one side's leg would otherwise wait for
+    # its controller's build while the other side's leg runs to its end, and the legs would never run together
+    Toolchain().ensure(components_for(versions))
     drill = DrillProc(args, _env(tmp_path, base), group=True)
     try:
         _legs_running(drill, legs)
