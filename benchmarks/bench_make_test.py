@@ -55,8 +55,10 @@ def _junit(path: Path) -> tuple[dict, list, dict]:
         cls = case.get("classname", "")
         cases.append((float(case.get("time") or 0), cls, case.get("name", ""), verdict))
     files = defaultdict(float)
-    for t, cls, _, _ in cases:
-        files[cls.rsplit(".", 1)[0] if "." in cls else cls] += t
+    for t, cls, _, _ in cases:         # classname: tests.faults.test_fault_cancel[.TestClass] -> the file's module
+        parts = cls.split(".")
+        cut = next((i for i, part in enumerate(parts) if part.startswith("test_")), len(parts) - 1)
+        files[".".join(parts[:cut + 1])] += t
     return counts, cases, files
 
 

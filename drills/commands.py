@@ -68,9 +68,11 @@ def _extras_arg(spec: str | None) -> list[str]:
 
 def cmd_toolchain_build(args) -> int:
     versions = resolve_controller_versions(args.controller)
+    if args.jobs is not None and not 1 <= args.jobs <= 8:
+        raise BadInput(f"-j {args.jobs}: give 1 to 8 components at a time")
     tc = Toolchain()
     try:
-        tc.ensure(components_for(versions, _extras_arg(args.extra)))
+        tc.ensure(components_for(versions, _extras_arg(args.extra)), jobs=args.jobs)
     except BuildError as e:
         err(str(e))
         return EXIT_FAIL

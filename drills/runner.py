@@ -194,12 +194,12 @@ class Run(Stopping):
             for c in components_for([] if self._binary(leg) else [leg.controller], list(REGISTRY[leg.lane].extras)):
                 if c.key not in [o.key for o in order]:
                     order.append(c)
+        def built(comp) -> None:
+            with self.lock:
+                self.built.add(comp.key)
+            self.changed.set()
         try:
-            for comp in order:
-                tc.ensure([comp])
-                with self.lock:
-                    self.built.add(comp.key)
-                self.changed.set()
+            tc.ensure(order, on_built=built)
         except (BuildError, BadInput) as e:
             self.build_error = str(e)
             self.changed.set()

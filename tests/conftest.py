@@ -24,10 +24,12 @@ from drills.toolchain import Toolchain, components_for, resolve_controller_versi
 from drills.wait import WaitTimeout, until
 
 # --- a cold cache: the session builds its whole toolchain in the background from its first second ------------------
-# in the order the tests need it (the control plane and the first controller, then helm, the second controller,
-# the registry, Prometheus); a test that needs a component before it is built waits for it (drills.toolchain's
-# locks, one build at a time) and says so.  Off with DRILLS_BACKGROUND_BUILD=0.
-SESSION_EXTRAS = ("registry", "prometheus")
+# in the order the tests need it (etcd and kwok, helm, the rest of the control plane and the first controller, then
+# the second controller, Prometheus, the registry), two components at a time (drills.toolchain.build_jobs); a test
+# that needs a component before it is built waits for it (drills.toolchain's locks) and says so.  Prometheus, the
+# longest build, starts as soon as a slot frees after the first controller: the lanes and tests that need it
+# (alert, abort, escape) come last in a cold session.  Off with DRILLS_BACKGROUND_BUILD=0.
+SESSION_EXTRAS = ("prometheus", "registry")
 _BUILDER: list[subprocess.Popen] = []     # ended with the session (and with the process, whatever way it ends)
 
 

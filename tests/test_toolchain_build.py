@@ -1,8 +1,17 @@
-"""How the toolchain's go commands are cut: a component's binaries named as go names them build in one command."""
+"""How the toolchain's go commands are cut (a component's binaries named as go names them build in one command), and
+how builds share a cache: build slots held only while go compiles, the download before the slot, two at a time."""
 from __future__ import annotations
 
-from drills.toolchain.build import _build_groups
-from drills.toolchain.components import base_components, optional_components, rollouts_component
+import os
+import subprocess
+import sys
+
+import pytest
+
+from drills.errors import BadInput
+from drills.toolchain.build import Toolchain, _build_groups, build_jobs
+from drills.toolchain.components import Component, base_components, optional_components, rollouts_component
+from drills.wait import until
 
 
 def _by_name(name):
@@ -26,3 +35,92 @@ def test_a_binary_go_would_name_otherwise_builds_alone():
 
 def test_prometheus_builds_without_service_discovery_plugins():
     assert _by_name("prometheus").tags == ("remove_all_sd",)
+
+
+# --- build slots: real go builds of a small module on a cache of the test's own ----------------------------------
+HELLO = ("golang.org/x/example/hello", "v0.0.0-20250915201037-7f05d217867b")
+
+
+def _hello(name: str) -> Component:
+    return Component(name, HELLO[0], HELLO[1], {"hello": HELLO[0]}, ldflags=(f"-X main.name={name}",))
+
+
+class _Holder:
+    """Another process holding one of a cache's lock files (as another builder's go build does)."""
+
+    def __init__(self, path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", (
+            "import fcntl, sys; fh = open(sys.argv[1], 'a+'); fcntl.flock(fh, fcntl.LOCK_EX); "
+            "fh.write('pid holder, another build'); fh.flush(); print('held', flush=True); sys.stdin.read()"),
+            str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "held"
+
+    def release(self):
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+@pytest.mark.parametrize("raw", ["0", "9", "two", "-1"])
+def test_build_jobs_out_of_range_is_bad_input(monkeypatch, raw):
+    monkeypatch.setenv("DRILLS_BUILD_JOBS", raw)
+    with pytest.raises(BadInput, match="DRILLS_BUILD_JOBS"):
+        build_jobs()
+
+
+def test_toolchain_build_refuses_a_bad_jobs_count(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "drills", "toolchain", "build", "-j", "0"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "DRILLS_CACHE": str(tmp_path)})
+    assert r.returncode == 2 and "-j 0" in r.stderr, r.stderr
+    assert not any(tmp_path.iterdir()), "nothing is built or written on bad input"
+
+
+def test_a_second_slot_builds_while_another_process_holds_the_first(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRILLS_BUILD_JOBS", "2")
+    tc = Toolchain(tmp_path / "cache", log=lambda m: None)
+    holder = _Holder(tc._lock_path("build-slot"))
+    try:
+        tc.ensure([_hello("hello-a")])
+        assert tc.is_built(_hello("hello-a"))
+    finally:
+        holder.release()
+
+
+def test_with_every_slot_taken_the_source_downloads_and_the_compile_waits_saying_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRILLS_BUILD_JOBS", "1")
+    lines: list[str] = []
+    tc = Toolchain(tmp_path / "cache", log=lines.append)
+    comp = _hello("hello-b")
+    holder = _Holder(tc._lock_path("build-slot"))
+    proc = None
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", (
+            "import sys; from drills.toolchain.build import Toolchain; from drills.toolchain.components import "
+            "Component; c = Component('hello-b', sys.argv[2], sys.argv[3], {'hello': sys.argv[2]}, "
+            "ldflags=('-X main.name=hello-b',)); Toolchain(sys.argv[1]).ensure([c])"),
+            str(tc.root), *HELLO], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log = tc.root / "logs" / f"hello-b-{HELLO[1]}.log"
+        # the download ran (go mod tidy finished) while the compile waits for the slot another process holds
+        until("the builder to wait for a build slot after its download", lambda: proc.stdout.readline(),
+              lambda line: "every build slot of this cache is in use" in line or not line, timeout=300)
+        assert proc.poll() is None, "the build did not wait for the slot"
+        text = log.read_text()
+        assert "go mod tidy" in text and "go build" not in text, text
+        assert not tc.is_built(comp)
+    finally:
+        holder.release()
+    assert proc.wait(300) == 0, proc.stdout.read()
+    assert tc.is_built(comp) and "go build" in log.read_text()
+
+
+def test_two_jobs_build_two_components_and_report_each_as_it_is_ready(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRILLS_BUILD_JOBS", "2")
+    tc = Toolchain(tmp_path / "cache", log=lambda m: None)
+    comps = [_hello("hello-c"), _hello("hello-d")]
+    ready: list[str] = []
+    tc.ensure(comps, jobs=2, on_built=lambda c: ready.append(c.key))
+    assert sorted(ready) == sorted(c.key for c in comps) and all(tc.is_built(c) for c in comps)
+    # already built: each is reported ready at once, nothing is built again
+    again: list[str] = []
+    tc.ensure(comps, jobs=2, on_built=lambda c: again.append(c.key))
+    assert again == [c.key for c in comps]

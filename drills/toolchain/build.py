@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -40,6 +40,23 @@ WAIT_PROGRESS_S = 30.0             # a progress line this often while another pr
 LOCK_POLL_S = 0.5
 LOCK_WAIT_TIMEOUT_S = 4 * 3600.0   # another process's build of every component, cold, on a slow machine
 GO_COMMAND_TIMEOUT_S = 3600.0      # one go command of a build (the Kubernetes apiserver takes minutes, not hours)
+# go commands running in this process (any thread), so that a signal stops all of them
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def build_jobs() -> int:
+    """Components built at a time on one cache: DRILLS_BUILD_JOBS, else 2 on a machine of two cores or more.
+    A single go build leaves cores idle (its links, the packages every other one waits for) and two builds fill
+    them; each takes longer, the set finishes sooner (figures: benchmarks/bench_toolchain.py)."""
+    raw = os.environ.get("DRILLS_BUILD_JOBS", "").strip()
+    if raw:
+        if not raw.isdigit() or not 1 <= int(raw) <= 8:
+            raise BadInput(f"DRILLS_BUILD_JOBS={raw!r}: give a whole number of builds at a time, 1 to 8")
+        return int(raw)
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
 # (component, seconds) of every wait for another process's build in this process, for whoever reports them (the
 # test session lists the tests that waited)
 WAITS: list[tuple[str, float]] = []
@@ -172,31 +189,132 @@ class Toolchain:
         return self.component("kubernetes") / binary
 
     # --- building ---------------------------------------------------------------------------
-    def ensure(self, comps: list[Component]) -> None:
-        """Build what is missing, one component at a time per cache.
+    def ensure(self, comps: list[Component], jobs: int | None = None,
+               on_built: Callable[[Component], None] | None = None) -> None:
+        """Build what is missing, in the order given, ``jobs`` components at a time (default: build_jobs()).
 
-        Two locks keep concurrent processes on one cache apart: a lock per component (whoever holds it builds
-        that component; the others wait for it, saying so, and then find it built), and one build slot per
-        cache, held only while go commands run, so that two builds never split a small machine's cores between
-        them (the same total work, each finishing later).  The slot is never held while waiting for a
-        component's lock, so the two cannot deadlock."""
+        Locks keep concurrent builders on one cache apart, whether threads here or other processes: a lock per
+        component (whoever holds it builds that component; the others wait for it, saying so, and then find it
+        built), and build_jobs() build slots per cache, held only while go compiles and links.  A component's
+        source and dependencies download (go mod tidy) before it takes a slot, so a download overlaps another
+        component's compile.  A slot is never held while waiting for a component's lock, so they cannot
+        deadlock.  ``on_built(comp)`` is called as each component is ready (built here or by another process)."""
         todo = [c for c in comps if not self.is_built(c)]
+        for c in comps:
+            if c not in todo and on_built:
+                on_built(c)
         if not todo:
             return
         require_go()
-        self.log(f"toolchain: {len(todo)} component(s) to build: {', '.join(c.key for c in todo)}")
-        for i, comp in enumerate(todo, 1):
-            with self._lock(self._lock_path(comp.key), f"{comp.key} is being built by another process",
-                            what=comp.key):
-                if self.is_built(comp):
-                    self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} was built meanwhile")
-                    continue
-                with self._lock(self._lock_path("build-slot"), "another component is being built on this "
-                                                                f"cache; {comp.key} builds after it", what=comp.key):
-                    self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} ...")
-                    t0 = time.monotonic()
-                    self.build(comp)
-                    self.log(f"toolchain: [{i}/{len(todo)}] {comp.key} built in {time.monotonic() - t0:.0f}s")
+        jobs = max(1, min(jobs or build_jobs(), len(todo)))
+        self.log(f"toolchain: {len(todo)} component(s) to build: {', '.join(c.key for c in todo)}"
+                 + (f" ({jobs} at a time)" if jobs > 1 else ""))
+        if jobs == 1:
+            for i, comp in enumerate(todo, 1):
+                self._ensure_one(comp, i, len(todo))
+                if on_built:
+                    on_built(comp)
+            return
+        queue = deque(enumerate(todo, 1))
+        errors: list[BaseException] = []
+        qlock = threading.Lock()
+
+        def worker():
+            while True:
+                with qlock:
+                    if errors or not queue:
+                        return
+                    i, comp = queue.popleft()
+                try:
+                    self._ensure_one(comp, i, len(todo))
+                    if on_built:
+                        on_built(comp)
+                except BaseException as e:       # the first error ends the build: the others start nothing new
+                    with qlock:
+                        errors.append(e)
+                    return
+        threads = [threading.Thread(target=worker, name=f"toolchain-build-{n}", daemon=True) for n in range(jobs)]
+        for t in threads:
+            t.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(0.5)
+        except BaseException:        # a signal in this thread: the go commands of every build go with it
+            with qlock:
+                queue.clear()
+            self._kill_running()
+            for t in threads:
+                t.join(60)
+            raise
+        if errors:
+            raise errors[0]
+
+    def _ensure_one(self, comp: Component, i: int, n: int) -> None:
+        with self._lock(self._lock_path(comp.key), f"{comp.key} is being built by another process", what=comp.key):
+            if self.is_built(comp):
+                self.log(f"toolchain: [{i}/{n}] {comp.key} was built meanwhile")
+                return
+            self.log(f"toolchain: [{i}/{n}] {comp.key} ...")
+            t0 = time.monotonic()
+            self.build(comp, slot=lambda: self._slot(comp))
+            self.log(f"toolchain: [{i}/{n}] {comp.key} built in {time.monotonic() - t0:.0f}s")
+
+    @contextmanager
+    def _slot(self, comp: Component):
+        """One of the cache's build_jobs() build slots, held while go compiles and links ``comp``."""
+        paths = [self._lock_path("build-slot" if k == 0 else f"build-slot-{k}") for k in range(build_jobs())]
+        for path in paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        handles = [open(path, "a+") for path in paths]
+        try:
+            t0 = time.monotonic()
+            said: list = [None]
+            got: list = [None]
+
+            def free() -> bool:
+                for fh in handles:
+                    try:
+                        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        got[0] = fh
+                        return True
+                    except BlockingIOError:
+                        continue
+                now = time.monotonic()
+                if said[0] is None or now - said[0] >= WAIT_PROGRESS_S:
+                    holders = []
+                    for fh in handles:
+                        fh.seek(0)
+                        holders.append(fh.read(200).strip() or "?")
+                    self.log(f"toolchain: every build slot of this cache is in use ({'; '.join(holders)}); "
+                             f"{comp.key} compiles after one of them"
+                             + (f"; waiting {now - t0:.0f}s" if said[0] is not None else ""))
+                    said[0] = now
+                return False
+            until(f"a build slot for {comp.key} (builds by other processes)", free, timeout=LOCK_WAIT_TIMEOUT_S,
+                  interval=LOCK_POLL_S)
+            fh = got[0]
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()}, {comp.key}, since {time.strftime('%H:%M:%S', time.localtime())}")
+            fh.flush()
+            try:
+                yield
+            finally:
+                fh.seek(0)
+                fh.truncate()
+                fh.flush()
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        finally:
+            for fh in handles:
+                fh.close()
+
+    def _kill_running(self) -> None:
+        with _RUNNING_LOCK:
+            procs = list(_RUNNING)
+        for proc in procs:
+            if proc.poll() is None:
+                _kill_group(proc)
 
     def _lock_path(self, key: str) -> Path:
         return self.root / "locks" / f"{re.sub(r'[^A-Za-z0-9.]+', '-', key)}.lock"
@@ -247,6 +365,8 @@ class Toolchain:
         proc = subprocess.Popen(args, cwd=cwd, env=go_env(gotoolchain), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 preexec_fn=die_with_parent)
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
         out: deque[str] = deque(maxlen=200)
         t0 = time.monotonic()
         count = [0]
@@ -276,6 +396,8 @@ class Toolchain:
             stop.set()
             if proc.poll() is None:
                 _kill_group(proc)
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
             logf.flush()
         if timed_out.is_set():
             raise BuildError(f"building {comp.module}@{comp.version}: {what} did not finish within "
@@ -285,7 +407,9 @@ class Toolchain:
             raise BuildError(f"building {comp.module}@{comp.version} failed ({what}, exit {rc}):\n{tail}")
         return "".join(out)
 
-    def build(self, comp: Component) -> None:
+    def build(self, comp: Component, slot: Callable[[], AbstractContextManager] = nullcontext) -> None:
+        """Download the component's source and dependencies (go mod tidy), then, inside ``slot()``, compile and
+        link its binaries; collect the data it ships; write its build stamp."""
         dest = self.dir(comp)
         work = self.root / "build" / re.sub(r"[^A-Za-z0-9.]+", "-", comp.key)
         if work.exists():
@@ -314,11 +438,13 @@ class Toolchain:
                 self._run(comp, ["go", "mod", "tidy"], work, logf, "go mod tidy", gotoolchain=gotoolchain)
                 flags = ["-v", "-trimpath", *(["-tags", ",".join(comp.tags)] if comp.tags else []),
                          "-ldflags", " ".join((*LINK_FLAGS, *comp.ldflags))]
-                for out, pkgs in _build_groups(comp.binaries):
-                    names = ", ".join(comp.binaries) if out.endswith("/") else out
-                    args = ["go", "build", *flags, "-o", str(dest) + "/" if out.endswith("/") else str(dest / out),
-                            *pkgs]
-                    self._run(comp, args, work, logf, f"go build {names}", progress=True, gotoolchain=gotoolchain)
+                with slot():
+                    for out, pkgs in _build_groups(comp.binaries):
+                        names = ", ".join(comp.binaries) if out.endswith("/") else out
+                        args = ["go", "build", *flags, "-o",
+                                str(dest) + "/" if out.endswith("/") else str(dest / out), *pkgs]
+                        self._run(comp, args, work, logf, f"go build {names}", progress=True,
+                                  gotoolchain=gotoolchain)
                 for out_name in comp.binaries:
                     built[out_name] = sha256_file(dest / out_name)
             if comp.extra == "rollouts":
