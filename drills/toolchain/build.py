@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -12,7 +11,7 @@ import sys
 import threading
 import time
 from collections import deque
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +20,7 @@ import yaml
 from .. import config
 from ..errors import BadInput
 from ..procs import die_with_parent
-from ..wait import until
+from .locks import _RUNNING, _RUNNING_LOCK, WAITS, build_jobs, hold_any  # noqa: F401 (WAITS: read here)
 from .modsource import ModuleUnavailable, go_env, module_source
 from .components import (
     BuildError,
@@ -36,30 +35,7 @@ from .components import (
 )
 
 
-WAIT_PROGRESS_S = 30.0             # a progress line this often while another process builds what is needed
-LOCK_POLL_S = 0.5
-LOCK_WAIT_TIMEOUT_S = 4 * 3600.0   # another process's build of every component, cold, on a slow machine
 GO_COMMAND_TIMEOUT_S = 3600.0      # one go command of a build (the Kubernetes apiserver takes minutes, not hours)
-# go commands running in this process (any thread), so that a signal stops all of them
-_RUNNING: set[subprocess.Popen] = set()
-_RUNNING_LOCK = threading.Lock()
-
-
-def build_jobs() -> int:
-    """Components built at a time on one cache: DRILLS_BUILD_JOBS, else 2 on a machine of two cores or more.
-    A single go build leaves cores idle (its links, the packages every other one waits for) and two builds fill
-    them; each takes longer, the set finishes sooner (figures: benchmarks/bench_toolchain.py)."""
-    raw = os.environ.get("DRILLS_BUILD_JOBS", "").strip()
-    if raw:
-        if not raw.isdigit() or not 1 <= int(raw) <= 8:
-            raise BadInput(f"DRILLS_BUILD_JOBS={raw!r}: give a whole number of builds at a time, 1 to 8")
-        return int(raw)
-    return 2 if (os.cpu_count() or 1) >= 2 else 1
-
-
-# (component, seconds) of every wait for another process's build in this process, for whoever reports them (the
-# test session lists the tests that waited)
-WAITS: list[tuple[str, float]] = []
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -260,54 +236,12 @@ class Toolchain:
             self.build(comp, slot=lambda: self._slot(comp))
             self.log(f"toolchain: [{i}/{n}] {comp.key} built in {time.monotonic() - t0:.0f}s")
 
-    @contextmanager
     def _slot(self, comp: Component):
         """One of the cache's build_jobs() build slots, held while go compiles and links ``comp``."""
         paths = [self._lock_path("build-slot" if k == 0 else f"build-slot-{k}") for k in range(build_jobs())]
-        for path in paths:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        handles = [open(path, "a+") for path in paths]
-        try:
-            t0 = time.monotonic()
-            said: list = [None]
-            got: list = [None]
-
-            def free() -> bool:
-                for fh in handles:
-                    try:
-                        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        got[0] = fh
-                        return True
-                    except BlockingIOError:
-                        continue
-                now = time.monotonic()
-                if said[0] is None or now - said[0] >= WAIT_PROGRESS_S:
-                    holders = []
-                    for fh in handles:
-                        fh.seek(0)
-                        holders.append(fh.read(200).strip() or "?")
-                    self.log(f"toolchain: every build slot of this cache is in use ({'; '.join(holders)}); "
-                             f"{comp.key} compiles after one of them"
-                             + (f"; waiting {now - t0:.0f}s" if said[0] is not None else ""))
-                    said[0] = now
-                return False
-            until(f"a build slot for {comp.key} (builds by other processes)", free, timeout=LOCK_WAIT_TIMEOUT_S,
-                  interval=LOCK_POLL_S)
-            fh = got[0]
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"pid {os.getpid()}, {comp.key}, since {time.strftime('%H:%M:%S', time.localtime())}")
-            fh.flush()
-            try:
-                yield
-            finally:
-                fh.seek(0)
-                fh.truncate()
-                fh.flush()
-                fcntl.flock(fh, fcntl.LOCK_UN)
-        finally:
-            for fh in handles:
-                fh.close()
+        return hold_any(paths, f"a build slot for {comp.key} (builds by other processes)", comp.key, self.log,
+                        lambda holders: f"every build slot of this cache is in use ({'; '.join(holders)}); "
+                                        f"{comp.key} compiles after one of them")
 
     def _kill_running(self) -> None:
         with _RUNNING_LOCK:
@@ -319,44 +253,11 @@ class Toolchain:
     def _lock_path(self, key: str) -> Path:
         return self.root / "locks" / f"{re.sub(r'[^A-Za-z0-9.]+', '-', key)}.lock"
 
-    @contextmanager
     def _lock(self, path: Path, busy: str, what: str | None = None):
         """flock ``path``; while another process holds it, a progress line every WAIT_PROGRESS_S naming the holder
-        (the lock file says who: pid, what, since when)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+") as fh:
-            t0 = time.monotonic()
-            said: list = [None]
-
-            def taken() -> bool:
-                try:
-                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return True
-                except BlockingIOError:
-                    now = time.monotonic()
-                    if said[0] is None or now - said[0] >= WAIT_PROGRESS_S:
-                        fh.seek(0)
-                        holder = fh.read(400).strip()
-                        self.log(f"toolchain: {busy}" + (f" ({holder})" if holder else "") +
-                                 (f"; waiting {now - t0:.0f}s" if said[0] is not None else "; waiting for it"))
-                        said[0] = now
-                    return False
-            until(f"the lock {path.name} (a build by another process)", taken, timeout=LOCK_WAIT_TIMEOUT_S,
-                  interval=LOCK_POLL_S)
-            if said[0] is not None:
-                WAITS.append((what or path.stem, round(time.monotonic() - t0, 1)))
-            try:
-                fh.seek(0)
-                fh.truncate()
-                fh.write(f"pid {os.getpid()}, {what or path.stem}, since "
-                         f"{time.strftime('%H:%M:%S', time.localtime())}")
-                fh.flush()
-                yield
-            finally:
-                fh.seek(0)
-                fh.truncate()
-                fh.flush()
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        (the lock file says who: pid, what, since when); the wait is counted in WAITS."""
+        return hold_any([path], f"the lock {path.name} (a build by another process)", what or path.stem, self.log,
+                        lambda holders: f"{busy} ({holders[0]})" if holders[0] else busy, count=True)
 
     def _run(self, comp: Component, args: list[str], cwd: Path, logf, what: str, progress: bool = False,
              gotoolchain: str = "local") -> str:

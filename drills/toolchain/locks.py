@@ -1,0 +1,89 @@
+"""How builders share one cache: lock files taken with flock (a component's lock, the cache's build slots), a
+progress line naming the holder while another process has them, and how many builds run at a time."""
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+from ..errors import BadInput
+from ..wait import until
+
+WAIT_PROGRESS_S = 30.0             # a progress line this often while another process builds what is needed
+LOCK_POLL_S = 0.5
+LOCK_WAIT_TIMEOUT_S = 4 * 3600.0   # another process's build of every component, cold, on a slow machine
+# go commands running in this process (any thread), so that a signal stops all of them
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+# (component, seconds) of every wait for another process's build in this process, for whoever reports them (the
+# test session lists the tests that waited)
+WAITS: list[tuple[str, float]] = []
+
+
+def build_jobs() -> int:
+    """Components built at a time on one cache: DRILLS_BUILD_JOBS, else 2 on a machine of two cores or more.
+    A single go build leaves cores idle (its links, the packages every other one waits for, the downloads) and two
+    builds fill them; each takes longer, the set finishes sooner (figures: benchmarks/bench_toolchain.py)."""
+    raw = os.environ.get("DRILLS_BUILD_JOBS", "").strip()
+    if raw:
+        if not raw.isdigit() or not 1 <= int(raw) <= 8:
+            raise BadInput(f"DRILLS_BUILD_JOBS={raw!r}: give a whole number of builds at a time, 1 to 8")
+        return int(raw)
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+@contextmanager
+def hold_any(paths: list[Path], wait_name: str, what: str, log: Callable[[str], None],
+             busy: Callable[[list[str]], str], count: bool = False):
+    """flock one of ``paths`` (the first free one) until the block ends.  While every one is held by another
+    process, a progress line every WAIT_PROGRESS_S (``busy(holders)``: each lock file says who holds it: pid,
+    what, since when); ``count``: the wait goes into WAITS under ``what``."""
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    handles = [open(path, "a+") for path in paths]
+    try:
+        t0 = time.monotonic()
+        said: list = [None]
+        got: list = [None]
+
+        def free() -> bool:
+            for fh in handles:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    got[0] = fh
+                    return True
+                except BlockingIOError:
+                    continue
+            now = time.monotonic()
+            if said[0] is None or now - said[0] >= WAIT_PROGRESS_S:
+                holders = []
+                for fh in handles:
+                    fh.seek(0)
+                    holders.append(fh.read(400).strip())
+                log(f"toolchain: {busy(holders)}" + (f"; waiting {now - t0:.0f}s" if said[0] is not None
+                                                     else "; waiting for it"))
+                said[0] = now
+            return False
+        until(wait_name, free, timeout=LOCK_WAIT_TIMEOUT_S, interval=LOCK_POLL_S)
+        if said[0] is not None and count:
+            WAITS.append((what, round(time.monotonic() - t0, 1)))
+        fh = got[0]
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"pid {os.getpid()}, {what}, since {time.strftime('%H:%M:%S', time.localtime())}")
+            fh.flush()
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()
+            fh.flush()
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    finally:
+        for fh in handles:
+            fh.close()
