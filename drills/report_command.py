@@ -30,7 +30,7 @@ def run(args, log) -> int:
     reports_folder()
     code, missing = EXIT_OK, []
     if args.merge:
-        merged = runner.merge([Path(d) for d in given], log=log)
+        merged = runner.merge([Path(d) for d in given], log=log, report=False)     # the matrix writes its report
         # the merge's verdict, as if one machine had run every leg: what is missing first, then the folder
         code, missing, _ = runner.verdict(merged, whole=True)
         if not args.json:
