@@ -34,6 +34,7 @@ import yaml
 
 from . import config
 from .answer import HAZARD, controller_label, declared, keyer, prevailing, strip_line_refs
+from .lanes import REGISTRY
 from .ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, VERDICTS, finite_number
 
 SAME, IMPROVED, REGRESSED, CHANGED, NEW, GONE = "same", "improved", "regressed", "changed", "new", "gone"
@@ -383,8 +384,10 @@ def exit_code(changes: list[Change], inconclusive_legs: int = 0) -> int:
 
 
 def _sort_key(ch: Change):
-    lanes = ("a", "b", "abort", "order", "escape", "scan")
-    return (CLASSES.index(ch.cls), lanes.index(ch.lane) if ch.lane in lanes else len(lanes), ch.lane, ch.step,
+    """Changes in table order: by class, then in lane order (the registry's: drills.lanes, lanes of other packages
+    after the built-in ones), then step and assertion; a lane no longer registered goes last."""
+    order = list(REGISTRY)
+    return (CLASSES.index(ch.cls), order.index(ch.lane) if ch.lane in order else len(order), ch.lane, ch.step,
             ch.assertion)
 
 
