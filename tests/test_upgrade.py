@@ -265,8 +265,11 @@ def test_lower_is_better_with_tolerance_on_load_rows(tmp_path):
     same = upgrade.classify(base, ledger_of(tmp_path, "v1.8.5", fill(0.305, 60.0)))
     assert {c.cls for c in same} == {upgrade.SAME}, upgrade.changes_table(same, include_same=True)
     worse = by_key(upgrade.classify(base, ledger_of(tmp_path, "v1.9.3", fill(0.0, 400.0))))
-    assert worse[("a", "before", "load.exposure.failure_ratio")].cls == upgrade.IMPROVED
-    assert worse[("a", "before", "load.exposure.p95_ms")].cls == upgrade.REGRESSED
+    # outside the noise band a load figure is changed (its words say which way), never improved or regressed:
+    # informational, it never gates (tests/test_gates.py)
+    better, slower = worse[("a", "before", "load.exposure.failure_ratio")], worse[("a", "before", "load.exposure.p95_ms")]
+    assert better.cls == upgrade.CHANGED and "better by 0.31" in better.words and not better.gates
+    assert slower.cls == upgrade.CHANGED and "worse by 360" in slower.words and not slower.gates
     assert worse[("a", "before", "load.steady.p95_ms")].cls == upgrade.SAME
 
 
