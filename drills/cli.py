@@ -209,7 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
                                     "assertion matrix, then print the headline per controller version (does the "
                                     "prescription hold?) and the rows that fail or show a hazard. Default: every "
                                     "run folder under the reports directory. Entries that are not run folders are "
-                                    "ignored.")
+                                    "ignored. Exit: the gate of the run it reports, as that run exited: 0 all pass, "
+                                    "1 a fail, 3 inconclusive (a row whose evidence is missing or fails, a leg "
+                                    "missing, unfinished or stopped: each named first, INCOMPLETE: ...), 2 bad input "
+                                    "(no such folder, an unreadable ledger or run.json, no run folder among those "
+                                    "given). Several folders: the worst of them (2 > 1 > 3 > 0); an upgrade check's "
+                                    "folder: its classification's exit; --merge: the merged run's, every leg of the "
+                                    "plan expected; no RUN_DIR: the rows the matrix shows (the newest per controller "
+                                    "and assertion).")
     rp.add_argument("run_dir", nargs="*", metavar="RUN_DIR", help="run folders (reports/<run-id>)")
     rp.add_argument("--merge", action="store_true",
                     help="merge shard run folders into one run folder (as if one machine had run them)")

@@ -311,6 +311,8 @@ def cmd_upgrade_check(args) -> int:
         for h in doc.get("headlines") or []:
             print(h["text"])
         print(changes_table(changes))
+        if (doc.get("informational") or {}).get("rows"):
+            print(f"informational: {doc['informational']['rule']}")
         print(f"run folder: {run_dir}  report: {run_dir / 'report.html'}  (changes in {run_dir / UPGRADE_FILE})")
     _say_interrupted(run_dir)
     return code

@@ -43,13 +43,37 @@ def roots_of(run_dir: Path) -> list[Path]:
 
 
 def _inside(path: Path, roots: list[Path]) -> bool:
+    """Whether a resolved path lies in one of the (resolved) roots."""
     for root in roots:
         try:
-            path.relative_to(root.resolve())
+            path.relative_to(root)
             return True
-        except (ValueError, OSError):
+        except ValueError:
             continue
     return False
+
+
+def _resolved_roots(roots: list[Path], cache: dict | None) -> tuple[list[Path], set[Path]]:
+    """The roots resolved, and the run folders' own records (resolved): once per judging of a ledger."""
+    key = ("\0roots", *map(str, roots))
+    if cache is not None and key in cache:
+        return cache[key]
+    real = []
+    for r in roots:
+        try:
+            real.append(r.resolve())
+        except (OSError, RuntimeError):
+            continue
+    own = set(real)
+    for r in roots:
+        for m in OWN_RECORDS:
+            try:
+                own.add((r / m).resolve())
+            except (OSError, RuntimeError):
+                continue
+    if cache is not None:
+        cache[key] = (real, own)
+    return real, own
 
 
 def _last_line(path: Path) -> tuple[bytes, bool]:
@@ -77,7 +101,7 @@ def problem(row: dict, run_dir: Path, roots: list[Path] | None = None, cache: di
     if cache is not None and key in cache:
         return cache[key]
     try:
-        out = _problem(p, row, [Path(x) for x in (roots or [run_dir])])
+        out = _problem(p, row, *_resolved_roots([Path(x) for x in (roots or [run_dir])], cache))
     except (OSError, ValueError, RecursionError) as e:     # a name the filesystem refuses, a record nested too deep
         out = f"evidence unreadable: {str(p)[:200]} ({type(e).__name__})"
     if cache is not None:
@@ -85,7 +109,8 @@ def problem(row: dict, run_dir: Path, roots: list[Path] | None = None, cache: di
     return out
 
 
-def _problem(p: Path, row: dict, roots: list[Path]) -> str | None:
+def _problem(p: Path, row: dict, roots: list[Path], own: set[Path]) -> str | None:
+    """``roots`` resolved; ``own``: the run folders' own records and the folders themselves, resolved."""
     try:
         real = p.resolve()
     except (OSError, RuntimeError):
@@ -94,7 +119,7 @@ def _problem(p: Path, row: dict, roots: list[Path]) -> str | None:
         return f"evidence missing: {p}"
     if not _inside(real, roots):
         return f"evidence outside the run folder: {p}"
-    if any(real == r.resolve() or real == (r / m).resolve() for r in roots for m in OWN_RECORDS):
+    if real in own:
         return f"evidence is the run folder's own record, not an observation: {p}"
     try:
         if real.is_dir():

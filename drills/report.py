@@ -314,7 +314,9 @@ def write_matrix(run_dirs: list[Path] | None, reports_root: Path, strict: bool =
                           cell(None, links=[hh, mh], md_links=[hm, mm])])
     newest = [e[1] for e in cells.values()]
     keys = sorted(order, key=lambda k: order[k])
-    any_row = {k: next(e[1] for (kk, _), e in cells.items() if kk == k) for k in keys}
+    any_row: dict[tuple, dict] = {}          # a row of each line (one pass: a line's rows are all load or none)
+    for (k, _), e in cells.items():
+        any_row.setdefault(k, e[1])
     matrix_rows = [[cell(labels[key]), *[matrix_cell(cells[(key, c)], reports_root) if (key, c) in cells
                                          else cell("—") for c in columns]]
                    for key in keys if not is_load(any_row[key])]

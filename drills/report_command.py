@@ -1,20 +1,28 @@
 """`drills report`: each run's report and the matrix, then the headline per controller version and the rows that fail
 or show a hazard (drills.cli owns the arguments; drills.commands calls ``run``).  Rows are judged against their
-evidence (drills.evidence).  ``--merge`` exits with the merged run's verdict (drills.runner.verdict, every leg of
-the plan expected): 3 when a leg is missing, did not finish or a row's evidence fails, each named on stdout
-before anything else (``INCOMPLETE: ...``), 1 a fail, 0 all pass."""
+evidence (drills.evidence).
+
+It exits with the gate of what it reports, as the run that wrote it did (``gate``): a run folder's verdict
+(drills.runner.verdict: its rows against their evidence and the gaps of its legs; a run stopped by a signal is
+inconclusive), an upgrade check's folder its recorded classification exit (upgrade.json), several folders the worst
+of theirs (2 > 1 > 3 > 0); ``--merge`` the merged run's verdict with every leg of the plan expected; without a run
+folder, the rows the matrix shows (the newest per controller and assertion).  0 all pass, 1 a fail, 3 a leg
+missing, unfinished or a row whose evidence fails (each named first on stdout, ``INCOMPLETE: ...``), 2 bad input
+(a folder that does not exist, whose ledger or run.json does not read, or no run folder among those given)."""
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-from . import config, console, runner
+from . import config, console, inputs, runner
 from .answer import headlines, prevailing
-from .errors import EXIT_OK, BadInput
+from .errors import EXIT_INCONCLUSIVE, EXIT_OK, BadInput, combine_exit_codes
 from .evidence import read_judged
+from .ledger import exit_code
 from .outputs import reports_folder
 from .report import write_matrix
+from .upgrade_report import UPGRADE_FILE
 from .viewmodel import is_run_dir
 
 
@@ -30,7 +38,7 @@ def run(args, log) -> int:
     reports_folder()
     code, missing = EXIT_OK, []
     if args.merge:
-        merged = runner.merge([Path(d) for d in given], log=log)
+        merged = runner.merge([Path(d) for d in given], log=log, report=False)     # the matrix writes its report
         # the merge's verdict, as if one machine had run every leg: what is missing first, then the folder
         code, missing, _ = runner.verdict(merged, whole=True)
         if not args.json:
@@ -42,14 +50,23 @@ def run(args, log) -> int:
         if not is_run_dir(Path(d)):
             _err(f"report: {d} is not a run folder (no ledger.json): ignored")
     dirs = [Path(d) for d in given if is_run_dir(Path(d))] if given else None
+    if dirs == []:
+        raise BadInput(f"no run folder (a folder with ledger.json) among {', '.join(map(str, given))}")
+    if dirs is not None and not args.merge:
+        code, missing = gate(dirs)          # checked before anything is written: a bad run.json is bad input
+        if not args.json:
+            for line in missing:
+                print(f"INCOMPLETE: {line}")
     html_path, md_path = write_matrix(dirs if dirs is not None and not args.merge else None,
                                       config.reports_dir(), strict=True)
     rows = _report_rows(dirs)
+    if dirs is None:                        # every run folder: the gate of the rows the matrix shows
+        code = exit_code(rows)
     flagged = [r for r in rows if r.get("verdict") == "fail" or _hazard_seen(r)]
     if args.json:
         print(json.dumps({"headlines": headlines(rows), "failing_or_hazard": [_row_json(r) for r in flagged],
                           "matrix": {"html": str(html_path), "md": str(md_path)},
-                          **({"incomplete": missing, "exit": code} if args.merge else {})}, indent=2, default=str))
+                          "incomplete": missing, "exit": code}, indent=2, default=str))
         return code
     print("\n".join(console.headline_lines(rows)) or "no rows")
     if flagged:
@@ -62,6 +79,44 @@ def run(args, log) -> int:
                   + (f"; evidence {r['evidence']}" if r.get("evidence") else ""))
     print(f"\nmatrix: {html_path}\n        {md_path}")
     return code
+
+
+def gate(dirs: list[Path]) -> tuple[int, list[str]]:
+    """The exit of the runs that wrote these folders, and what they lack (named leg by leg): a run folder's verdict
+    (its rows against their evidence, the gaps of its legs; stopped by a signal: inconclusive), an upgrade check's
+    its classification's recorded exit; the worst of them (2 > 1 > 3 > 0)."""
+    codes, missing = [], []
+    for d in dirs:
+        upgrade = _upgrade_exit(d)
+        if upgrade is not None:
+            codes.append(upgrade[0])
+            missing += [f"{d}: {line}" if len(dirs) > 1 else line for line in upgrade[1]]
+            continue
+        if not (d / "run.json").is_file():       # a folder of the pytest plugin: which legs ran is not recorded
+            codes.append(exit_code(read_judged(d)))
+            continue
+        code, lacking, _ = runner.verdict(d)
+        stopped = runner.interrupted_by(d)
+        if stopped:
+            code = combine_exit_codes(code, EXIT_INCONCLUSIVE)
+            lacking = [f"the run was interrupted ({stopped})", *lacking]
+        codes.append(code)
+        missing += [f"{d}: {line}" if len(dirs) > 1 else line for line in lacking]
+    return combine_exit_codes(*codes), missing
+
+
+def _upgrade_exit(d: Path) -> tuple[int, list[str]] | None:
+    """An upgrade check's folder: the exit its classification recorded and what it named missing (None: not one)."""
+    if not (d / UPGRADE_FILE).is_file():
+        return None
+    try:
+        doc = inputs.load_json_file(d / UPGRADE_FILE, inputs.RECORD_BYTES, UPGRADE_FILE)
+    except OSError as e:
+        raise BadInput(f"{d / UPGRADE_FILE}: cannot read it ({e})") from None
+    if not isinstance(doc, dict) or doc.get("exit") not in (0, 1, 2, 3) or isinstance(doc.get("exit"), bool):
+        raise BadInput(f"{d / UPGRADE_FILE}: not an upgrade check's record (no exit 0..3)")
+    lines = doc.get("missing") if isinstance(doc.get("missing"), list) else []
+    return doc["exit"], [str(x) for x in lines]
 
 
 def _hazard_seen(r: dict) -> bool:

@@ -46,13 +46,15 @@ MISSING_SHOWN = 20            # rows whose evidence fails, named one by one befo
 
 
 # --- shards merged into one run folder -------------------------------------------------------------------------
-def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], None] | None = None) -> Path:
+def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], None] | None = None,
+          report: bool = True) -> Path:
     """Merge shard run folders into one run folder, as if one machine had run every leg: the rows (run id
     rewritten to the merged run's, the shard's kept as ``shard_run_id``), the evidence folders, the JUnit files,
     the leg records.  Refused (bad input) when a folder is not a shard run folder, when the shards were cut from
     different plans, when a leg is in two shards, or when a shard carries rows of a leg it did not run (its
     run.json ``legs``); a leg of the plan no shard ran is said, and makes the merge's verdict
-    (``verdict(dest, whole=True)``) inconclusive."""
+    (``verdict(dest, whole=True)``) inconclusive.  ``report``: write the merged folder's report (a caller that
+    writes the matrix next, which writes every run's report, says False)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     metas = []
     for d in run_dirs:
@@ -111,6 +113,7 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
         "run_id": dest.name, "merged_from": [str(d) for d, _ in metas], "plan_digest": digests.pop(),
         "legs": [leg for _, m in metas for leg in m.get("legs") or []],
         "all_legs": sorted(planned)}, indent=1))
-    write_run_report(dest)
+    if report:
+        write_run_report(dest)
     link_latest(dest)
     return dest

@@ -17,10 +17,18 @@ The directions are data, next to the lanes' other fixtures (expectations, thresh
 and saying which way is better are one edit in one place, readable without the code, and validated on load
 (an unknown direction or key is an error, and the last entry matches every row, so none is undeclared).
 
-Exit rule (DESIGN.md §6 precedence): 2 bad input > 1 something regressed, or the candidate shows a hazard the
-baseline lacks (a ``hazard`` row whose exposure the candidate shows and the baseline does not, or a ``new`` or
-``changed`` hazard row the candidate shows: whatever its class) > 3 a pair or leg inconclusive, or a row of the
-baseline the candidate lacks > 0.  Of several rows with one id on one side, the newest run's counts, and of one
+Which rows gate (``Change.gates``): every row but a load figure -- the prescription's traffic-weight rows (lane a's
+peak weights and exit, lane order's probes and hazard rows), the other lanes' states, the scan's predictions.  A
+load figure (an assertion ``load.<phase>.<metric>``: the failed-request ratio and p95 latency Locust measured through
+the emulated mesh) is informational: it moves with the machine's load from one run to the next, and the traffic
+weight it follows is gated by its own rows.  Within its noise band (its declaration's tolerance:
+fixtures/upgrade/directions.yaml) it is ``same``; outside it, ``changed``, never ``regressed`` or ``improved``
+(its words say which way and by how much); and whatever its class (inconclusive, new, gone) it never sets the exit.
+
+Exit rule (DESIGN.md §6 precedence), on the rows that gate: 2 bad input > 1 something regressed, or the candidate
+shows a hazard the baseline lacks (a ``hazard`` row whose exposure the candidate shows and the baseline does not,
+or a ``new`` or ``changed`` hazard row the candidate shows: whatever its class) > 3 a pair or leg inconclusive, or a
+row of the baseline the candidate lacks > 0.  Of several rows with one id on one side, the newest run's counts, and of one
 run's duplicates the worst verdict (drills.answer.prevailing).
 """
 from __future__ import annotations
@@ -34,6 +42,7 @@ import yaml
 
 from . import config
 from .answer import HAZARD, controller_label, declared, keyer, prevailing, strip_line_refs
+from .lanes import REGISTRY
 from .ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, VERDICTS, finite_number
 
 SAME, IMPROVED, REGRESSED, CHANGED, NEW, GONE = "same", "improved", "regressed", "changed", "new", "gone"
@@ -45,6 +54,15 @@ DIRECTIONS = (LOWER_IS_BETTER, ORDER_MUST_HOLD, VERDICT)
 REAL = (PASS, FAIL, UNVERIFIED)           # verdicts that carry an observation
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+
+LOAD_PREFIX = "load."         # a load figure's assertion: informational, never gates
+INFORMATIONAL_RULE = ("load figures (load.<phase>.<metric>: failed-request ratio and p95 latency through the emulated "
+                      "mesh) are informational and never gate the exit: within their noise band (failure ratio "
+                      "{ratio}, p95 {p95}) they are same, outside it changed; every other row gates")
+
+
+def is_load(assertion: str) -> bool:
+    return str(assertion).startswith(LOAD_PREFIX)
 
 
 class UpgradeInputError(ValueError):
@@ -130,12 +148,18 @@ class Change:
     polarity: str = "neutral"
 
     @property
+    def gates(self) -> bool:
+        """Whether this pair can set the exit: every row but a load figure (informational)."""
+        return not is_load(self.assertion)
+
+    @property
     def new_hazard(self) -> bool:
         """The candidate shows a hazard the baseline lacks: its exposure seen on the candidate and not on the
         baseline, or a new or changed hazard row the candidate shows -- whatever the pair's class.  The baseline
         must have said something of it (an observation, or not applicable): a baseline row that is missing or
         inconclusive is missing evidence (inconclusive), not the hazard's absence."""
-        if self.polarity != HAZARD or self.candidate is None or declared(self.candidate)["shows"] is not True:
+        if not self.gates or self.polarity != HAZARD or self.candidate is None or \
+                declared(self.candidate)["shows"] is not True:
             return False
         if self.baseline is None or self.baseline.get("verdict") not in (*REAL, NOT_APPLICABLE):
             return False
@@ -159,7 +183,7 @@ class Change:
                 "controller_version", "controller_sha256", "run_id", "assertion", "expected", "observed", "verdict",
                 "reason", "evidence")}
         return {"class": self.cls, "id": self.id, "lane": self.lane, "step": self.step, "assertion": self.assertion,
-                "polarity": self.polarity, "new_hazard": self.new_hazard,
+                "polarity": self.polarity, "new_hazard": self.new_hazard, "gates": self.gates,
                 "direction": self.direction, "words": self.words, "danger": self.danger,
                 "baseline": side(self.baseline), "candidate": side(self.candidate)}
 
@@ -237,7 +261,15 @@ def _verdict_class(b: dict, c: dict) -> tuple[str, str]:
     return CHANGED, f"observed {_fmt(b.get('observed'))} -> {_fmt(c.get('observed'))} ({vb} / {vc})"
 
 
-def _lower_class(b: dict, c: dict, d: Declaration) -> tuple[str, str]:
+def band(d: Declaration) -> str:
+    """A declaration's tolerance in words: '±0.01', '±50 ms or 50% of the larger' (a load latency's unit)."""
+    unit = " ms" if d.assertion.endswith("_ms") else ""
+    parts = ([f"±{_fmt(d.tol_abs)}{unit}"] if d.tol_abs else []) + ([f"{_fmt(d.tol_rel * 100)}% of the larger"]
+                                                                    if d.tol_rel else [])
+    return " or ".join(parts) or "none"
+
+
+def _lower_class(b: dict, c: dict, d: Declaration, informational: bool = False) -> tuple[str, str]:
     ob, oc = finite_number(b.get("observed")), finite_number(c.get("observed"))
     if ob is None or oc is None:
         return _verdict_class(b, c)
@@ -246,6 +278,11 @@ def _lower_class(b: dict, c: dict, d: Declaration) -> tuple[str, str]:
     text = f"{_fmt(b.get('observed'))} -> {_fmt(c.get('observed'))} (lower is better"
     if diff == 0:
         return SAME, f"{_fmt(c.get('observed'))} on both"
+    if informational:
+        if abs(diff) <= allowed:
+            return SAME, f"{text}; within the noise band {band(d)})"
+        return CHANGED, (f"{text}: {'better' if diff < 0 else 'worse'} by {_fmt(abs(diff))}, outside the noise band "
+                         f"{band(d)}; a load figure: informational, never gates)")
     if abs(diff) <= allowed:
         return SAME, f"{text}; within the tolerance {_fmt(allowed)})"
     return (IMPROVED if diff < 0 else REGRESSED), text + ")"
@@ -288,11 +325,13 @@ def _pair(key: str, b: dict | None, c: dict | None, decls: list[Declaration]) ->
     elif not real_b and not real_c:
         cls, words = SAME, f"no observation on either side ({_reason(b)} / {_reason(c)})"
     elif d.direction == LOWER_IS_BETTER:
-        cls, words = _lower_class(b, c, d)
+        cls, words = _lower_class(b, c, d, informational=is_load(assertion))
     elif d.direction == ORDER_MUST_HOLD:
         cls, words = _order_class(b, c)
     else:
         cls, words = _verdict_class(b, c)
+    if is_load(assertion) and cls in (IMPROVED, REGRESSED):      # a load figure is never judged better or worse
+        cls, words = CHANGED, f"{words}; a load figure: informational, never gates"
     danger = False
     if d.danger_words and c is not None and cls in (NEW, REGRESSED, CHANGED) \
             and _field(c, d.danger_field) == d.danger_equals:
@@ -367,14 +406,29 @@ def new_hazards(changes: list[Change]) -> list[Change]:
 
 def missing_on_candidate(changes: list[Change]) -> list[Change]:
     """The baseline's observations the candidate has no row for (``gone`` without a candidate row): the row set
-    the baseline shows is what the candidate is expected to show, so each is missing evidence, never a go."""
-    return [c for c in changes if c.cls == GONE and c.candidate is None]
+    the baseline shows is what the candidate is expected to show, so each is missing evidence, never a go (a load
+    figure is informational: its absence is said, never gated on)."""
+    return [c for c in changes if c.cls == GONE and c.candidate is None and c.gates]
+
+
+def informational(changes: list[Change], decls: list[Declaration] | None = None) -> dict:
+    """What upgrade.json and the console say of the rows that never gate: the rule with its noise bands, how many
+    there are, their classes, and the ids of those outside their band (changed) or without an answer."""
+    decls = decls if decls is not None else load_directions()
+    info = [c for c in changes if not c.gates]
+    rule = INFORMATIONAL_RULE.format(
+        ratio=band(declaration_for("*", "*", "load.exposure.failure_ratio", decls)),
+        p95=band(declaration_for("*", "*", "load.exposure.p95_ms", decls)))
+    return {"rule": rule, "rows": len(info), "counts": count_classes(info),
+            "outside_noise_band": [c.id for c in info if c.cls == CHANGED],
+            "without_answer": [c.id for c in info if c.cls in (INCONCLUSIVE_PAIR, GONE, NEW)]}
 
 
 def exit_code(changes: list[Change], inconclusive_legs: int = 0) -> int:
-    """1 something regressed or a new hazard > 3 a pair or leg inconclusive, or a baseline row the candidate lacks
-    (missing_on_candidate) > 0 (bad input, 2, is raised as UpgradeInputError)."""
-    classes = {c.cls for c in changes}
+    """On the rows that gate (every row but a load figure): 1 something regressed or a new hazard > 3 a pair or
+    leg inconclusive, or a baseline row the candidate lacks (missing_on_candidate) > 0 (bad input, 2, is raised as
+    UpgradeInputError)."""
+    classes = {c.cls for c in changes if c.gates}
     if REGRESSED in classes or new_hazards(changes):
         return EXIT_REGRESSED
     if INCONCLUSIVE_PAIR in classes or inconclusive_legs or missing_on_candidate(changes):
@@ -383,8 +437,10 @@ def exit_code(changes: list[Change], inconclusive_legs: int = 0) -> int:
 
 
 def _sort_key(ch: Change):
-    lanes = ("a", "b", "abort", "order", "escape", "scan")
-    return (CLASSES.index(ch.cls), lanes.index(ch.lane) if ch.lane in lanes else len(lanes), ch.lane, ch.step,
+    """Changes in table order: by class, then in lane order (the registry's: drills.lanes, lanes of other packages
+    after the built-in ones), then step and assertion; a lane no longer registered goes last."""
+    order = list(REGISTRY)
+    return (CLASSES.index(ch.cls), order.index(ch.lane) if ch.lane in order else len(order), ch.lane, ch.step,
             ch.assertion)
 
 
@@ -432,8 +488,12 @@ def changes_table(changes: list[Change], include_same: bool = False, width: int 
     lines.append(_clip(fmt_row(hdr), width))
     for c, r in zip(shown, data):
         lines.append(_clip(fmt_row(r), width))
-        mark = "!! " if c.danger else ""
+        mark = "!! " if c.danger else ("(informational) " if not c.gates else "")
         lines.append(" " * 4 + mark + c.words)
     if not include_same and counts[SAME]:
         lines.append(f"({counts[SAME]} same, not listed)")
+    outside = sum(1 for c in changes if not c.gates and c.cls != SAME)
+    if outside:
+        lines.append(f"{outside} load figure(s) not same: informational, never gate the exit (upgrade.json: "
+                     f"informational)")
     return "\n".join(lines) + "\n"

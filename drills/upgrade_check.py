@@ -128,6 +128,9 @@ def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[
            "candidate_binary": str(sides.binary.path) if sides.binary else None,
            "crd_warning": sides.binary.crd_warning if sides.binary else None,
            "lanes": lane_keys, "counts": upgrade.count_classes(changes), "exit": code,
+           "gate": "every row but a load figure gates the exit: a regressed row or a new hazard 1, an inconclusive "
+                   "pair, leg or a baseline row the candidate lacks 3",
+           "informational": upgrade.informational(changes),
            "inconclusive_legs": inconclusive_legs + len(gaps), "sides_without_rows": missing_sides,
            "changes": [c.as_dict() for c in sorted(changes, key=upgrade._sort_key)]}
     tmp = run_dir / (UPGRADE_FILE + ".tmp")

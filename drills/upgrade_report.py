@@ -78,7 +78,9 @@ def upgrade_section(run_dir: Path, rows: list[dict]) -> dict | None:
         callouts.append(f"CRDs: {doc['crd_warning']}")
     intro = (f"Baseline {base}, candidate {cand}"
              + (f" (user-built, sha256 {str(doc.get('candidate_sha256'))[:12]})" if doc.get("candidate_sha256") else "")
-             + ": " + ", ".join(f"{n} {k}" for k, n in counts.items()) + f"; exit {doc.get('exit')}.")
+             + ": " + ", ".join(f"{n} {k}" for k, n in counts.items()) + f"; exit {doc.get('exit')}."
+             + (f" Of these, {doc['informational']['rows']} are load figures: {doc['informational']['rule']}."
+                if isinstance(doc.get("informational"), dict) and doc["informational"].get("rows") else ""))
     items = [{"table": {"columns": ["class", "lane", "step", base, cand, "assertion", "what changed"],
                         "rows": table_rows}}] if table_rows else []
     return {"title": f"Upgrade check: {base} → {cand}", "intro": intro, "callouts": callouts,

@@ -69,4 +69,5 @@ def md_target(path: Path, start: Path) -> str:
 
 
 def link(label: str, path: Path, start: Path) -> tuple[list, list]:
-    return [label, href(path, start)], [label, md_target(path, start)]
+    r = rel(path, start)                 # resolved once for both formats
+    return [label, quote(r)], [label, f"<{r}>" if any(c in r for c in " ()<>") else r]

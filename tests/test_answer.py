@@ -132,9 +132,9 @@ def test_drills_report_json_gives_the_headlines_and_the_failing_or_hazard_rows(t
     reports = tmp_path / "reports"
     run = _one_run_folder(reports)
     r = drills("report", str(run), "--json", env={"DRILLS_REPORTS": str(reports)})
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr                # the run it reports has a fail: its gate (tests/test_gates.py)
     doc = json.loads(r.stdout)
-    assert list(doc) == ["headlines", "failing_or_hazard", "matrix"]
+    assert list(doc) == ["headlines", "failing_or_hazard", "matrix", "incomplete", "exit"] and doc["exit"] == 1
     assert [h["holds"] for h in doc["headlines"]] == ["yes", "yes"]
     ids = {(x["controller"], x["id"]) for x in doc["failing_or_hazard"]}
     assert ("v1.10.2", "order/hazard-replica-progress-threshold/peak-weight") in ids
@@ -142,7 +142,7 @@ def test_drills_report_json_gives_the_headlines_and_the_failing_or_hazard_rows(t
     assert ("v1.10.2", "a/before/peak-weight") in ids       # 50 where 100 was expected: a fail
     assert all(x["verdict"] == FAIL or x["shows"] is True for x in doc["failing_or_hazard"])
     text = drills("report", str(run), env={"DRILLS_REPORTS": str(reports)})
-    assert text.returncode == 0 and text.stdout.startswith("prescription holds on v1.8.2: yes"), text.stdout
+    assert text.returncode == 1 and text.stdout.startswith("prescription holds on v1.8.2: yes"), text.stdout
     assert "failing or showing a hazard" in text.stdout and "hazard seen with replicaProgressThreshold" in text.stdout
 
 

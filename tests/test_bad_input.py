@@ -192,7 +192,8 @@ def test_one_bad_ledger_does_not_break_every_report(tmp_path):
     bad.mkdir()
     (good / "ledger.json").write_text(json.dumps([{
         "run_id": "run-good", "target": "embedded", "controller_version": "v1.8.2", "lane": "a", "step": "before",
-        "assertion": "peak", "expected": 100, "observed": 100, "verdict": "pass", "evidence": None}]))
+        "assertion": "peak", "expected": 100, "observed": 100, "verdict": "pass", "evidence": "peak.json"}]))
+    (good / "peak.json").write_text('{"peak": 100}\n')           # its evidence: the good run passes whole
     (bad / "ledger.json").write_text("[{truncated")
     html, md = write_matrix(None, tmp_path / "reports")
     assert "run-good" in md.read_text()

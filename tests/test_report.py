@@ -308,7 +308,8 @@ def test_drills_report_default_and_explicit(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DRILLS_REPORTS", str(reports))
 
     args = parser().parse_args(["report"])
-    assert args.func is cmd_report and args.func(args) == 0
+    # the run's exit row is inconclusive: the report's gate is 3, as the run's was
+    assert args.func is cmd_report and args.func(args) == 3
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("prescription holds on v1.8.2: "), out       # the answer first, then the rows
     assert out[-2:] == [f"matrix: {reports / 'matrix.html'}", f"        {reports / 'matrix.md'}"], out
@@ -316,7 +317,7 @@ def test_drills_report_default_and_explicit(tmp_path, monkeypatch, capsys):
 
     (reports / "matrix.md").unlink()
     args = parser().parse_args(["report", str(run), str(reports / "matrix.html")])
-    assert args.func(args) == 0
+    assert args.func(args) == 3
     assert "20251129T170000Z-11" in (reports / "matrix.md").read_text()
 
 
