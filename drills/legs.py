@@ -26,7 +26,7 @@ from .lanes import REGISTRY
 from .ledger import exit_code
 
 # a leg never measured: rough minutes per lane on the embedded cluster (replaced by measured durations)
-ESTIMATES_S = {"a": 150.0, "b": 120.0, "abort": 330.0, "order": 260.0, "escape": 600.0}
+ESTIMATES_S = {"a": 150.0, "b": 120.0, "abort": 330.0, "order": 260.0, "escape": 600.0, "scan": 210.0, "alert": 100.0}
 VARIANT_MODES = ("stage", "prod", "both")
 
 
