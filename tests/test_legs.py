@@ -116,3 +116,9 @@ def test_durations_are_kept_per_leg_and_read_back(tmp_path, monkeypatch):
     assert legs.read_durations() == {"v1.8.2/a/stage": 123.5}
     assert legs.durations_file() == tmp_path / "legs" / "durations.json"
     assert config.cache_dir() == tmp_path
+
+
+def test_every_built_in_lane_has_a_measured_estimate_for_shards():
+    # a lane without one falls back to a guess, and the shards it is balanced into come out uneven
+    keys = {lane.key for lane in lanes.BUILTIN}
+    assert keys <= set(legs.ESTIMATES_S), sorted(keys - set(legs.ESTIMATES_S))
