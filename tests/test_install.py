@@ -2,6 +2,9 @@
 the versions of constraints.txt (from PyPI: a venv that saw this machine's packages would also see the editable
 install of another checkout), and run from an empty folder, where everything it writes goes; a pytest session of
 another project in that venv, with and without the plugin asked for; the `test` extra enough to collect every test.
+The same wheel on every other Python minor the package claims (pyproject.toml's classifiers): its own venv there,
+the commands from an empty folder, the `test` extra collecting every test.  A claimed interpreter that is not on this
+machine fails the test, naming how to get it: a claim nobody checks here is not made.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -22,6 +26,42 @@ from drills.toolchain import Toolchain, components_for
 
 ROOT = config.project_root()
 INSTALL_TIMEOUT_S = 1800
+RUNNING = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def claimed_minors() -> list[str]:
+    """The Python minors the package claims: its `Programming Language :: Python :: 3.N` classifiers
+    (tests/test_packaging.py checks that requires-python admits exactly these)."""
+    prefix = "Programming Language :: Python :: 3."
+    classifiers = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["classifiers"]
+    return [c.removeprefix("Programming Language :: Python :: ") for c in classifiers
+            if c.startswith(prefix) and c.removeprefix(prefix).isdigit()]
+
+
+def pyenv_roots() -> list[Path]:
+    roots = [os.environ.get("PYENV_ROOT")]
+    if shutil.which("pyenv"):
+        r = subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                           preexec_fn=die_with_parent)
+        roots.append(r.stdout.strip() if r.returncode == 0 else None)
+    roots.append(str(Path.home() / ".pyenv"))
+    return list(dict.fromkeys(Path(r) for r in roots if r))
+
+
+def find_interpreter(minor: str) -> Path | None:
+    """A CPython of that minor: `python3.N` on PATH, else the newest pyenv version of it; each candidate is asked
+    which minor it is (a pyenv shim of a version that is not selected exits non-zero)."""
+    candidates = [shutil.which(f"python{minor}")]
+    for root in pyenv_roots():
+        found = root.glob(f"versions/{minor}.*/bin/python{minor}")
+        candidates += sorted(found, key=lambda p: [int(x) if x.isdigit() else -1 for x in
+                                                   p.parents[1].name.split(".")], reverse=True)
+    for c in filter(None, candidates):
+        r = subprocess.run([str(c), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
+                           text=True, timeout=60, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        if r.returncode == 0 and r.stdout.strip() == minor:
+            return Path(c)
+    return None
 
 
 def run(args, cwd, env=None, timeout=600, check=True) -> subprocess.CompletedProcess:
@@ -170,15 +210,73 @@ def test_pytest_in_another_project_sees_no_drills_unless_it_asks(venv, tmp_path)
     assert run([py, "-m", "pytest", "-q", "-p", "drills"], project, env).stdout.splitlines()[-1].startswith("1 passed")
 
 
-def test_the_test_extra_collects_every_test(venv, source):
-    py = venv / "bin" / "python"
+COLLECT = ["-m", "pytest", "-p", "no:locust", "--collect-only", "-q", "tests", "lanes"]
+
+
+def collected_ids(out: str) -> list[str]:
+    return [line for line in out.splitlines() if "::" in line]
+
+
+@pytest.fixture(scope="module")
+def collected_here(source) -> list[str]:
+    """Every test id this interpreter's environment collects from the copy (a collection error exits 2: run fails)."""
+    ids = collected_ids(run([sys.executable, *COLLECT], source, clean_env(PYTHONPATH=str(source))).stdout)
+    assert len(ids) > 400
+    return ids
+
+
+def other_minors_apart(ids: list[str]) -> tuple[list[str], set[str]]:
+    """The ids but this file's smoke on the other claimed minors, and the minors of that smoke (which depend on the
+    collecting interpreter: every claimed one but its own)."""
+    smoke = "tests/test_install.py::test_the_wheel_works_on_every_other_python_claimed["
+    return [i for i in ids if not i.startswith(smoke)], {i[len(smoke):-1] for i in ids if i.startswith(smoke)}
+
+
+def install_test_extra_and_collect(venv: Path, source: Path) -> list[str]:
     run([venv / "bin" / "pip", "install", "--disable-pip-version-check", "-c", ROOT / "constraints.txt",
          f"{source}[test]"], source, clean_env(), timeout=INSTALL_TIMEOUT_S)
-    cmd = ["-m", "pytest", "-p", "no:locust", "--collect-only", "-q", "tests", "lanes"]
-    theirs = run([py, *cmd], source, clean_env()).stdout
-    ours = run([sys.executable, *cmd], source, clean_env(PYTHONPATH=str(source))).stdout
-    ids = lambda out: [line for line in out.splitlines() if "::" in line]  # noqa: E731
-    assert ids(theirs) == ids(ours) and len(ids(theirs)) > 400          # (a collection error exits 2: run fails)
+    return collected_ids(run([venv / "bin" / "python", *COLLECT], source, clean_env()).stdout)
+
+
+def test_the_test_extra_collects_every_test(venv, source, collected_here):
+    assert install_test_extra_and_collect(venv, source) == collected_here
+
+
+@pytest.mark.parametrize("minor", [m for m in claimed_minors() if m != RUNNING])
+def test_the_wheel_works_on_every_other_python_claimed(minor, wheel, source, collected_here, tmp_path):
+    """One smoke per other claimed minor (the running one is the rest of this file): the wheel and its pinned
+    dependencies install there, the commands run from an empty folder and write nothing elsewhere, and the `test`
+    extra collects every test this interpreter collects."""
+    py = find_interpreter(minor)
+    assert py is not None, (
+        f"CPython {minor} is claimed (pyproject.toml: requires-python and its classifiers) but no python{minor} was "
+        f"found on PATH or in {', '.join(str(r / 'versions') for r in pyenv_roots())}: install it (`pyenv install "
+        f"{minor}`, the distribution's python{minor} package, or actions/setup-python in CI) before `make test`, "
+        f"or take {minor} out of the claim")
+    v = tmp_path / "venv"
+    run([py, "-m", "venv", v], tmp_path, clean_env())
+    run([v / "bin" / "pip", "install", "--disable-pip-version-check", "-c", ROOT / "constraints.txt", wheel],
+        tmp_path, clean_env(), timeout=INSTALL_TIMEOUT_S)
+    run([v / "bin" / "pip", "check"], tmp_path, clean_env())
+    work = tmp_path / "empty"
+    work.mkdir()
+    env = clean_env(DRILLS_CONFIG=str(tmp_path / "config.yaml"))
+    before = package_files(v)
+    drills_ = v / "bin" / "drills"
+
+    version = json.loads(run([drills_, "version", "-o", "json"], work, env).stdout)
+    assert version["python"].startswith(f"{minor}.") and version["checkout"] is None
+    assert Path(version["data"]).is_relative_to(site_packages(v)) and version["reports"] == str(work / "reports")
+    lanes = json.loads(run([drills_, "lanes", "--json"], work, env).stdout)
+    assert [x["key"] for x in lanes] == [x.key for x in drills_lanes.BUILTIN] and all(x["versions"] for x in lanes)
+    scan = json.loads(run([drills_, "scan", "--fleet", "--fail-on", "none", "--json"], work, env).stdout)
+    assert len(scan["rollouts"]) == 10 and scan["summary"]["exposed"] == 4
+    assert package_files(v) == before
+    assert {p.relative_to(work).parts[0] for p in work.rglob("*")} <= {"reports"}
+
+    rest, smoke_minors = other_minors_apart(install_test_extra_and_collect(v, source))
+    assert rest == other_minors_apart(collected_here)[0]
+    assert smoke_minors == set(claimed_minors()) - {minor} and minor != RUNNING
 
 
 def test_the_readme_example_suite_runs_on_the_embedded_cluster(venv, tmp_path):

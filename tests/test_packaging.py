@@ -15,6 +15,7 @@ from importlib import metadata
 from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
+import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
@@ -107,6 +108,29 @@ def test_the_python_claimed_is_the_one_tested_here():
     assert SpecifierSet(PROJECT["requires-python"]).contains(platform.python_version())
     minor = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert f"Programming Language :: Python :: {minor}" in PROJECT["classifiers"]
+
+
+def classified_minors() -> set[str]:
+    prefix = "Programming Language :: Python :: 3."
+    return {f"3.{c.removeprefix(prefix)}" for c in PROJECT["classifiers"]
+            if c.startswith(prefix) and c.removeprefix(prefix).isdigit()}
+
+
+def test_requires_python_admits_exactly_the_minors_of_the_classifiers():
+    """The claim is one list of minors: pip installs on exactly those tests/test_install.py checks, no later one."""
+    classified = classified_minors()
+    spec = SpecifierSet(PROJECT["requires-python"])
+    admitted = {f"3.{n}" for n in range(40) if any(spec.contains(f"3.{n}.{patch}") for patch in (0, 1, 99))}
+    assert classified and admitted == classified
+
+
+def test_the_ci_example_spreads_its_shards_over_every_claimed_python():
+    job = yaml.safe_load((ROOT / "examples" / "ci-matrix.yml").read_text())["jobs"]["shard"]
+    matrix = job["strategy"]["matrix"]
+    pythons = {row["shard"]: row["python"] for row in matrix["include"]}
+    assert set(pythons) == set(matrix["shard"]) and set(pythons.values()) == classified_minors()
+    setup = next(s for s in job["steps"] if "setup-python" in s.get("uses", ""))
+    assert setup["with"]["python-version"] == "${{ matrix.python }}"
 
 
 def test_nothing_loads_the_pytest_plugin_by_itself():
