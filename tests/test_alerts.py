@@ -120,6 +120,8 @@ BROKEN = {
     "for: shorter than the ramp": (STUCK, lambda r: r.__setitem__("for", "30s")),
     "the weight threshold at the rung": (STUCK, lambda r: r.__setitem__("expr", r["expr"].replace(") < 100)", ") < 5)"))),
     "the abort not excluded": (STUCK, lambda r: r.__setitem__("expr", r["expr"].split("\nunless")[0])),
+    "a fully promoted Rollout not excluded": (STUCK, lambda r: r.__setitem__(
+        "expr", r["expr"].rsplit("\nunless", 1)[0])),
 }
 
 
@@ -135,7 +137,8 @@ def test_a_rule_broken_on_purpose_fails_its_unit_tests(fixture_rules, tmp_path, 
 
 def test_the_stuck_rule_reads_the_metrics_its_annotations_name(fixture_rules):
     stuck = rule(fixture_rules, "payments.checkout", STUCK)
-    for name in (metrics.CANARY_WEIGHT, metrics.STEP_INDEX, metrics.PHASE, metrics.ROLLOUT_INFO):
+    for name in (metrics.CANARY_WEIGHT, metrics.STEP_INDEX, metrics.PHASE, metrics.POD_HASHES,
+                 metrics.ROLLOUT_INFO):
         assert name in stuck["expr"] and name in stuck["annotations"]["metrics"]
     assert metrics.ROLLOUT_UNAVAILABLE not in stuck["expr"]      # not written while a revived ReplicaSet is partial
     assert stuck["for"] == "1m30s" and "ramp = waves * T = 2 * 30s = 1m" in stuck["annotations"]["ramp_formula"]
@@ -198,7 +201,8 @@ def test_a_rollout_read_twice_with_other_sizes_gets_the_longest_ramp(capsys):
 # --- the stand-in's page ----------------------------------------------------------------------------------
 ROLLOUT = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"namespace": "payments",
                                                                                  "name": "checkout"},
-           "status": {"phase": "Progressing", "currentStepIndex": 4,
+           "status": {"phase": "Progressing", "currentStepIndex": 4, "stableRS": "7d4b9c6f5",
+                      "currentPodHash": "5f6d8c7b9",
                       "canary": {"weights": {"canary": {"weight": 5}, "stable": {"weight": 95}}}}}
 
 
@@ -209,6 +213,8 @@ def test_the_stand_in_writes_what_kube_state_metrics_would_with_the_config():
     assert got[(metrics.STEP_INDEX, tuple(sorted(base.items())))] == 4.0
     assert {dict(k[1])["phase"]: v for k, v in got.items() if k[0] == metrics.PHASE} == {
         "Healthy": 0.0, "Progressing": 1.0, "Paused": 0.0, "Degraded": 0.0}
+    assert got[(metrics.POD_HASHES, tuple(sorted({**base, "stable_rs": "7d4b9c6f5",
+                                                   "current_pod_hash": "5f6d8c7b9"}.items())))] == 1.0
     no_weights = copy.deepcopy(ROLLOUT)
     del no_weights["status"]["canary"]
     assert metrics.CANARY_WEIGHT not in {m for m, *_ in metrics.ksm_samples(no_weights)}
@@ -224,3 +230,11 @@ def test_prometheus_loads_the_rules_and_honours_the_targets_labels(tmp_path):
     assert conf["scrape_configs"][0]["honor_labels"] is True
     assert "rule_files" not in scrape_config({"mesh": "127.0.0.1:1"}) and \
         "honor_labels" not in scrape_config({"mesh": "127.0.0.1:1"})["scrape_configs"][0]
+
+
+def test_the_drills_own_reading_of_the_stuck_condition_leaves_a_fully_promoted_rollout_out():
+    from drills.alerts.evidence import stuck_now
+    rollback = {"phase": "Progressing", "currentStepIndex": 2, "canaryWeight": 5, "stableRS": "b", "currentPodHash": "a"}
+    assert stuck_now(rollback, 2, 100)
+    first_deploy = {**rollback, "canaryWeight": 0, "stableRS": "a"}        # a first deploy, a scale-up: pods short
+    assert not stuck_now(first_deploy, 2, 100)

@@ -133,10 +133,12 @@ class AlertWatch:
 def stuck_now(status: dict, steps: int, max_weight: int) -> bool:
     """The stuck rule's condition on one recorded Rollout status (drills.recorder's condensed one), as its metrics
     show it: the canary weight below maxTrafficWeight, the step index at the end of the steps, status.phase
-    Progressing or Degraded, and not aborted (rollout_info's phase Abort)."""
+    Progressing or Degraded, not aborted (rollout_info's phase Abort) and not fully promoted (stableRS is not
+    currentPodHash)."""
     weight, index = status.get("canaryWeight"), status.get("currentStepIndex")
+    promoted = bool(status.get("stableRS")) and status.get("stableRS") == status.get("currentPodHash")
     return (isinstance(weight, (int, float)) and weight < max_weight and isinstance(index, int) and index >= steps
-            and status.get("phase") in IN_PROGRESS and not aborted_now(status))
+            and status.get("phase") in IN_PROGRESS and not aborted_now(status) and not promoted)
 
 
 def aborted_now(status: dict) -> bool:

@@ -15,6 +15,12 @@ writes it):
         customresource_version="v1alpha1", namespace, name}        status.canary.weights.canary.weight
     kube_customresource_rollout_current_step_index{...}             status.currentStepIndex
     kube_customresource_rollout_phase{..., phase}                   status.phase (a StateSet: 1 for the current one)
+    kube_customresource_rollout_pod_hashes{..., stable_rs,          status.stableRS, status.currentPodHash (an Info:
+        current_pod_hash}                                           1; equal once the Rollout is fully promoted)
+
+A fully promoted Rollout (stableRS = currentPodHash) sits at the end of its steps with weight 0, and its phase is
+Progressing whenever its pods are short (its first deploy, a scale-up, pods lost): the stuck rule leaves it out by
+the two hashes, as a rollback's revived ReplicaSet is never the stable one until the rollback is promoted.
 
 Both sources put the Rollout's ``namespace`` and ``name`` on each sample: scrape them with ``honor_labels: true``
 (else Prometheus renames them ``exported_namespace``, ``exported_name``).
@@ -29,6 +35,8 @@ ROLLOUT_UNAVAILABLE = "rollout_info_replicas_unavailable"
 CANARY_WEIGHT = f"{KSM_PREFIX}_rollout_canary_weight"
 STEP_INDEX = f"{KSM_PREFIX}_rollout_current_step_index"
 PHASE = f"{KSM_PREFIX}_rollout_phase"
+POD_HASHES = f"{KSM_PREFIX}_rollout_pod_hashes"
+STABLE_LABEL, CURRENT_LABEL = "stable_rs", "current_pod_hash"
 ABORT_PHASE = "Abort"
 PHASES = ("Healthy", "Progressing", "Paused", "Degraded")     # status.phase of a Rollout
 IN_PROGRESS = ("Progressing", "Degraded")                      # not promoted, not paused (Degraded: timed out too)
@@ -49,6 +57,11 @@ KSM_CONFIG = {
              "help": "The Rollout's status.phase (1 for the current one).",
              "each": {"type": "StateSet", "stateSet": {"labelName": "phase", "path": ["status", "phase"],
                                                          "list": list(PHASES)}}},
+            {"name": "rollout_pod_hashes",
+             "help": "The stable ReplicaSet's and the current pod template's hashes (status.stableRS, "
+                     "status.currentPodHash): the same once the Rollout is fully promoted.",
+             "each": {"type": "Info", "info": {"labelsFromPath": {STABLE_LABEL: ["status", "stableRS"],
+                                                                  CURRENT_LABEL: ["status", "currentPodHash"]}}}},
         ],
     }]},
 }
@@ -59,6 +72,7 @@ NEEDS = {
     "stuck": [f"{CANARY_WEIGHT} ({KSM_SOURCE}: status.canary.weights.canary.weight)",
               f"{STEP_INDEX} ({KSM_SOURCE}: status.currentStepIndex)",
               f"{PHASE} ({KSM_SOURCE}: status.phase)",
+              f"{POD_HASHES} ({KSM_SOURCE}: status.stableRS, status.currentPodHash)",
               f"{ROLLOUT_INFO}{{phase=\"{ABORT_PHASE}\"}} ({CONTROLLER_SOURCE})"],
     "aborted": [f"{ROLLOUT_INFO}{{phase=\"{ABORT_PHASE}\"}} ({CONTROLLER_SOURCE})"],
 }
@@ -80,8 +94,9 @@ def _at(obj, path: list):
 
 def ksm_samples(rollout: dict, config: dict = KSM_CONFIG) -> list[tuple[str, str, dict, float]]:
     """(metric, help, labels, value) of one Rollout as kube-state-metrics exports it with ``config`` (the subset of
-    custom-resource-state that config uses: labelsFromPath, Gauge metrics with a path; a missing or non-numeric
-    field gives no sample, as kube-state-metrics without nilIsZero)."""
+    custom-resource-state that config uses: labelsFromPath, Gauge metrics with a path, StateSet and Info; a missing
+    or non-numeric field gives no Gauge sample, as kube-state-metrics without nilIsZero, and an Info label whose
+    field is missing is left out)."""
     out = []
     for res in config["spec"]["resources"]:
         gvk = res["groupVersionKind"]
@@ -107,6 +122,10 @@ def ksm_samples(rollout: dict, config: dict = KSM_CONFIG) -> list[tuple[str, str
                 if isinstance(v, str):
                     out += [(metric, m.get("help", ""), {**labels, ss["labelName"]: s}, float(v == s))
                             for s in ss["list"]]
+            elif each.get("type") == "Info":
+                own = {k: v for k, path in (each["info"].get("labelsFromPath") or {}).items()
+                       if isinstance(v := _at(rollout, path), str)}
+                out.append((metric, m.get("help", ""), {**labels, **own}, 1.0))
     return out
 
 

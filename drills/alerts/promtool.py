@@ -18,7 +18,18 @@ import yaml
 
 from ..procs import die_with_parent
 from ..toolchain import Toolchain
-from .metrics import ABORT_PHASE, CANARY_WEIGHT, PHASE, PHASES, ROLLOUT_INFO, STEP_INDEX, ksm_labels
+from .metrics import (
+    ABORT_PHASE,
+    CANARY_WEIGHT,
+    CURRENT_LABEL,
+    PHASE,
+    PHASES,
+    POD_HASHES,
+    ROLLOUT_INFO,
+    STABLE_LABEL,
+    STEP_INDEX,
+    ksm_labels,
+)
 from .ramp import duration, parse_seconds
 from .rules import ABORTED, BLIND, GROUP_PREFIX, STUCK, expr_numbers
 
@@ -116,10 +127,12 @@ def unit_tests(rules_doc: dict, eval_interval_s: float = 10.0) -> dict:
             rung = max(0, max_w - 1)
             index = {"series": series(STEP_INDEX, ksm), "values": _values((steps, total))}
 
-            def case(title: str, weight_runs, phase_runs, checks) -> dict:
+            def case(title: str, weight_runs, phase_runs, checks, hashes=("stable", "revived")) -> dict:
                 return {"name": f"{ns}/{name}: {title}", "interval": duration(e), "input_series": [
                     index, {"series": series(CANARY_WEIGHT, ksm), "values": _values(*weight_runs)},
                     *_phases(ksm, *phase_runs),
+                    {"series": series(POD_HASHES, {**ksm, STABLE_LABEL: hashes[0], CURRENT_LABEL: hashes[1]}),
+                     "values": _values((1, total))},
                     {"series": series(ROLLOUT_INFO, {**info, "phase": "Progressing"}), "values": _values((1, total))}],
                     "alert_rule_test": [{"eval_time": duration(t * e), "alertname": a, "exp_alerts": x}
                                         for t, a, x in checks]}
@@ -135,7 +148,10 @@ def unit_tests(rules_doc: dict, eval_interval_s: float = 10.0) -> dict:
                 case("paused at the end of its steps", [(rung, total)], [("Paused", total)],
                      [(t, STUCK, []) for t in (n_for, total - 1)]),
                 case(f"timed out (Degraded) at the remaining rung past for: {stuck['for']}", [(rung, total)],
-                     [("Progressing", 2), ("Degraded", total - 2)], [(n_for, STUCK, firing), (total - 1, STUCK, firing)])]
+                     [("Progressing", 2), ("Degraded", total - 2)], [(n_for, STUCK, firing), (total - 1, STUCK, firing)]),
+                case(f"fully promoted, its pods short past for: {stuck['for']} (a first deploy, a scale-up)",
+                     [(0, total)], [("Progressing", total)], [(t, STUCK, []) for t in (n_for, hold, total - 1)],
+                     hashes=("stable", "stable"))]
         base = {**ctl, **aborted["labels"]}
         n_abort = math.ceil(parse_seconds(aborted["for"], "for") / e)
         total = n_abort + 4

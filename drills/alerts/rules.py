@@ -26,7 +26,10 @@ from .metrics import (
     NEEDS,
     ROLLOUT_INFO,
     IN_PROGRESS,
+    CURRENT_LABEL,
     PHASE,
+    POD_HASHES,
+    STABLE_LABEL,
     STEP_INDEX,
     ksm_labels,
 )
@@ -66,7 +69,19 @@ def stuck_expr(namespace: str, name: str, steps: int, max_weight: int) -> str:
     return (f"(max by (namespace, name) ({CANARY_WEIGHT}{_sel(ksm)}) < {max_weight})\n"
             f"and on (namespace, name) (max by (namespace, name) ({STEP_INDEX}{_sel(ksm)}) >= {steps})\n"
             f"and on (namespace, name) (max by (namespace, name) ({PHASE}{in_progress}) == 1)\n"
-            f"unless on (namespace, name) (max by (namespace, name) ({ROLLOUT_INFO}{abort}))")
+            f"unless on (namespace, name) (max by (namespace, name) ({ROLLOUT_INFO}{abort}))\n"
+            f"unless on (namespace, name) {promoted_expr(namespace, name)}")
+
+
+def promoted_expr(namespace: str, name: str) -> str:
+    """A series while the Rollout is fully promoted: its stable ReplicaSet is its current pod template's
+    (kube-state-metrics' pod-hashes Info, its two labels compared by a join on a copy of each)."""
+    hashes = f"{POD_HASHES}{_sel(ksm_labels(namespace, name))}"
+
+    def copy(label: str) -> str:
+        return (f'label_replace(max by (namespace, name, {label}) ({hashes}), "pod_hash", "$1", "{label}", '
+                f'"(.+)")')
+    return f"({copy(STABLE_LABEL)} and on (namespace, name, pod_hash) {copy(CURRENT_LABEL)})"
 
 
 def expr_numbers(stuck: str) -> tuple[int, int]:
@@ -139,7 +154,9 @@ def rollout_rules(t: AlertTarget, params: RampParams) -> list[dict]:
                 "description": (f"The canary weight of {ns}/{name} is below {ro.max_weight} at the end of its steps "
                                 f"{steps_text(t.steps)}{_cut(ro.steps, t.steps)} (a rollback inside rollbackWindow "
                                 f"jumps there) while it is not promoted (status.phase Progressing, or Degraded once its "
-                                f"progress deadline passed) nor aborted, for longer than its expected ramp. Expected "
+                                f"progress deadline passed; a fully promoted Rollout, whose stable ReplicaSet is its "
+                                f"current pod template's, is left out: its first deploy, a scale-up) nor aborted, for "
+                                f"longer than its expected ramp. Expected "
                                 f"ramp from "
                                 f"its sizes (replicas {r.replicas}, minPodsPerReplicaSet {r.min_pods}, rung "
                                 f"{r.rung or 0}) and a stated readiness time of {duration(r.readiness_s)} per pod, "

@@ -134,6 +134,7 @@ class LaneAlert(Runbook):
         if scraped is None and not reason:
             reason = "no scrape showed the stuck condition"
         firing_after_pf = [t for t in firing if pf is not None and lifted is not None and pf + 2 < t < lifted]
+        blind = (self.expected("held") or {}).get("replica_gauge_blind", True)
         return [
             self._row("held", f"a rollback held at the remaining rung fires {STUCK} within its for: plus one "
                               f"evaluation interval of the first scrape that showed the condition, not before its "
@@ -145,9 +146,13 @@ class LaneAlert(Runbook):
                       f"the cluster showed the condition at {_utc(start)}, {_delta_s(fired_at, start)}s before)",
                       evidence=obs["timeline"], reason=reason, **times),
             self._row("held", "the controller's rollout_info_replicas_unavailable does not show the held revived pods "
-                              "(its status is not written while the revived ReplicaSet is partial): no rule reads it",
+                              "(its status is not written while the revived ReplicaSet is partial): no rule reads it"
+                      if blind else "the controller's rollout_info_replicas_unavailable shows the held revived pods "
+                                    "(this version writes the status while the revived ReplicaSet is partial); no rule "
+                                    "reads it, as on the versions where it does not",
                       "replica-gauge-blind", None if obs["unavailable_gauge"]["max"] is None else
-                      obs["unavailable_gauge"]["max"] < obs["unheld_pods"], f"below {obs['unheld_pods']} (pods held)",
+                      obs["unavailable_gauge"]["max"] < obs["unheld_pods"], f"below {obs['unheld_pods']} (pods held)"
+                      if blind else f"{obs['unheld_pods']} or more",
                       f"at most {obs['unavailable_gauge']['max']:g} over {obs['unavailable_gauge']['samples']} "
                       f"sample(s) while {obs['unheld_pods']} revived pod(s) were held un-Ready"
                       if obs["unavailable_gauge"]["max"] is not None else "no sample",
