@@ -282,7 +282,7 @@ def plan_files(metas: list[tuple[Path, dict]], shard_rows: dict[Path, list[dict]
             by_rel.setdefault(e.rel, []).append(e)
     evidence = set().union(*(_evidence_names(d, shard_rows.get(d, [])) for d, _ in metas))
     labels = _shard_labels(metas)
-    taken, out, once = set(by_rel), [], 0
+    taken, out, once, said = set(by_rel), [], 0, []
     for rel in sorted(by_rel):
         entries = by_rel[rel]
         kinds = {e.kind for e in entries}
@@ -309,8 +309,10 @@ def plan_files(metas: list[tuple[Path, dict]], shard_rows: dict[Path, list[dict]
             taken.add(new)
             apart.append(new)
             out.append((new, e))
-        log(f"merge: {shown(rel)} differs between shards ({', '.join(shown(e.shard) for e in entries)}): each kept "
-            f"apart, as {', '.join(map(shown, apart))}")
+        said.append(f"merge: {shown(rel)} differs between shards ({', '.join(shown(e.shard) for e in entries)}): "
+                    f"each kept apart, as {', '.join(map(shown, apart))}")
+    for line in said:          # said once nothing is refused
+        log(line)
     for rel, e in out:
         if e.kind == "link":
             log(f"merge: {shown(e.shard)}: {shown(e.rel)} is a link inside the shard (to {shown(e.link)}): kept as "
