@@ -21,7 +21,7 @@ import yaml
 
 from . import config
 from .errors import BadInput
-from .procs import run_bounded
+from .procs import die_with_parent, run_bounded
 from .wait import WaitTimeout, until
 
 
@@ -212,7 +212,7 @@ class Registry:
             logf = open(self.log_path, "a")
             self.proc = subprocess.Popen([str(self.binary), "serve", str(cfg)], stdout=logf,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=die_with_parent)
             logf.close()
             try:
                 until(f"the registry to answer on {self.host}/v2/", lambda: self.proc.poll() is not None or

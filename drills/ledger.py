@@ -75,6 +75,11 @@ class LedgerError(BadInput):
 
 
 REQUIRED = ("lane", "step", "assertion", "verdict", "controller_version")
+# the fields a row is keyed, paired, judged and shown on, when it has them (null or missing: not said)
+TYPED = {**{k: (str,) for k in ("id", "leg", "run_id", "shard_run_id", "controller_name", "controller_sha256",
+                                 "target", "polarity", "fact", "condition", "reason", "recorded_at",
+                                 "recorded_verdict")},
+         "shows": (bool,), "details": (dict,)}
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -95,6 +100,10 @@ def read_rows(path: Path) -> list[dict]:
             raise LedgerError(f"ledger {path}: row {i} lacks {', '.join(REQUIRED)} (or is not an object)")
         if row["verdict"] not in VERDICTS:
             raise LedgerError(f"ledger {path}: row {i} has an unknown verdict {row['verdict']!r}")
+        wrong = [k for k, types in TYPED.items() if row.get(k) is not None and not isinstance(row[k], types)]
+        if wrong:
+            raise LedgerError(f"ledger {path}: row {i}: {', '.join(wrong)} not of the type drills writes "
+                              f"({', '.join(f'{k}: {TYPED[k][0].__name__}' for k in wrong)})")
     return data
 
 

@@ -28,6 +28,7 @@ import yaml
 
 from . import config
 from .ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NEUTRAL, PASS, UNVERIFIED
+from .procs import die_with_parent
 from .wait import until
 
 MAX_USERS = 20
@@ -216,7 +217,8 @@ class LoadRun:
         self.started_at = time.time()
         self.deadline = time.monotonic() + run_time + KILL_GRACE_S
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, cwd=str(self.out), start_new_session=True)
+                                     stdin=subprocess.DEVNULL, env=env, cwd=str(self.out), start_new_session=True,
+                                     preexec_fn=die_with_parent)
         self.ended_at: float | None = None
         self.stopped_at: float | None = None
         self.stop_outcome: str | None = None

@@ -41,7 +41,7 @@ from .mesh import (
     require_loopback,
 )
 from .names import plain_name
-from .procs import stop_process, wait_http
+from .procs import die_with_parent, stop_process, wait_http
 from .wait import until
 from .watching import ListWatch
 
@@ -310,7 +310,7 @@ class MeshProcess:
             cmd += ["--seed", str(seed)]
         self._logf = open(self.log, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         try:
             deadline = time.monotonic() + ready_timeout
 

@@ -18,7 +18,7 @@ import yaml
 
 from . import config
 from .mesh import require_loopback
-from .procs import free_port, stop_process, wait_http
+from .procs import die_with_parent, free_port, stop_process, wait_http
 from .wait import WaitTimeout, until
 
 
@@ -82,7 +82,8 @@ class Prometheus:
             [str(self.binary), f"--config.file={self.config_path}", f"--storage.tsdb.path={self.workdir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=2h",
              "--web.enable-lifecycle", "--log.level=warn"],
-            stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=die_with_parent)
         try:
             if register is not None:
                 register("prometheus", self.proc.pid, [self.port], self.log)

@@ -211,8 +211,9 @@ def write_run_report(run_dir: Path, plots: Plots | None = None) -> tuple[Path, P
             links, md_links = [], []
             sp = series_of(run_dir, ev)
             png, series = plots.of(run_dir, sp) if sp else (None, None)
-            if ev:
-                h, m = link(str(ev), evidence_path(run_dir, ev), run_dir)
+            ev_path = evidence_path(run_dir, ev)          # None: no evidence, or none that is a path
+            if ev_path is not None:
+                h, m = link(str(ev), ev_path, run_dir)
                 links.append(h)
                 md_links.append(m)
                 if png is not None:
@@ -227,7 +228,8 @@ def write_run_report(run_dir: Path, plots: Plots | None = None) -> tuple[Path, P
             table_rows.append([cell(str(r.get("step") or "")), cell(str(r.get("assertion") or ""), title=r.get("id")),
                                cell(fmt_value(r.get("expected")), obs=True), cell(fmt_value(r.get("observed")), obs=True),
                                cell(verdict=r.get("verdict")), cell(mark(r) or None), cell(str(r.get("reason") or "")),
-                               cell(None if ev else "—", links=links, md_links=md_links)])
+                               cell(None if ev_path is not None else fmt_value(ev, 80) if ev else "—", links=links,
+                                    md_links=md_links)])
         fold = load_fold(groups[(col, lane)], lambda r: cell(fmt_value(r.get("observed")), verdict=r.get("verdict"),
                                                              obs=True, reason=r.get("reason"),
                                                              title=f"expected {fmt_value(r.get('expected'))}"))

@@ -2,10 +2,13 @@
 ``latest`` link beside it, and shard run folders merged into one."""
 from __future__ import annotations
 
+import filecmp
 import json
 import os
+import posixpath
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -53,13 +56,17 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
     the leg records.  Refused (bad input) when a folder is not a shard run folder, when the shards were cut from
     different plans, when a leg is in two shards, or when a shard carries rows of a leg it did not run (its
     run.json ``legs``); a leg of the plan no shard ran is said, and makes the merge's verdict
-    (``verdict(dest, whole=True)``) inconclusive.  ``report``: write the merged folder's report (a caller that
-    writes the matrix next, which writes every run's report, says False)."""
+    (``verdict(dest, whole=True)``) inconclusive.  What each shard's folder holds besides its record is merged
+    file by file (``plan_files``: one name in two shards, links, anything else); every refusal comes before the
+    first byte is written, and a merge that fails while it writes removes the folder it made.  ``report``: write
+    the merged folder's report (a caller that writes the matrix next, which writes every run's report, says
+    False)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     metas = []
     for d in run_dirs:
         meta = legsmod.read_run_meta(Path(d))
-        if not meta.get("plan_digest") or not (Path(d) / "ledger.json").is_file():
+        if not isinstance(meta.get("plan_digest"), str) or not meta["plan_digest"] \
+                or not (Path(d) / "ledger.json").is_file():
             raise BadInput(f"{d}: not a shard run folder of drills run (its run.json names no plan, or it has no "
                            f"ledger.json): refused")
         metas.append((Path(d), meta))
@@ -86,34 +93,251 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
         ran = m.get("legs") or []
         for r in shard_rows[d]:
             owner = r.get("leg") or next((x["id"] for x in ran if legsmod.rows_of([r], x)), None)
+            if owner is not None and not isinstance(owner, str):
+                raise BadInput(f"{d}: a row of its ledger.json names a leg that is not a leg id ({shown(owner)[:80]}): "
+                               f"refused")
             if owner not in {x["id"] for x in ran}:
                 what = owner or f"of lane {r.get('lane')} on {r.get('controller_name') or r.get('controller_version')}"
                 raise BadInput(f"{d}: it carries rows of leg {what}, which this shard did not run (its run.json "
                                f"legs: {', '.join(x['id'] for x in ran) or 'none'}): refused")
     planned = set(metas[0][1].get("all_legs") or seen)
+    files = plan_files(metas, shard_rows, log)     # every refusal comes before the first byte is written
     if planned - set(seen):
         log(f"merge: leg(s) no shard ran: {', '.join(sorted(planned - set(seen)))}")
+    created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for d, _ in metas:
-        for item in d.iterdir():
-            if item.name in ("ledger.json", "ledger.json.lock", "run.json", "report.html", "report.md"):
-                continue
-            target = dest / item.name
-            # links stay links (a link to anything outside a shard is never copied in: its evidence stays outside
-            # the merged folder, and drills.evidence judges it so)
-            if item.is_dir() and not item.is_symlink():
-                shutil.copytree(item, target, symlinks=True, dirs_exist_ok=True)
-            else:
-                shutil.copy2(item, target, follow_symlinks=False)
-        rows += [dict(r, run_id=dest.name, shard_run_id=r.get("shard_run_id") or r.get("run_id"))
-                 for r in shard_rows[d]]
-    (dest / "ledger.json").write_text(json.dumps(rows, indent=2, default=str))
-    (dest / "run.json").write_text(json.dumps({
-        "run_id": dest.name, "merged_from": [str(d) for d, _ in metas], "plan_digest": digests.pop(),
-        "legs": [leg for _, m in metas for leg in m.get("legs") or []],
-        "all_legs": sorted(planned)}, indent=1))
-    if report:
-        write_run_report(dest)
+    try:
+        _write_files(files, dest)
+        rows = []
+        for d, _ in metas:
+            rows += [dict(r, run_id=dest.name, shard_run_id=r.get("shard_run_id") or r.get("run_id"))
+                     for r in shard_rows[d]]
+        (dest / "ledger.json").write_text(json.dumps(rows, indent=2, default=str))
+        (dest / "run.json").write_text(json.dumps({
+            "run_id": dest.name, "merged_from": [str(d) for d, _ in metas], "plan_digest": digests.pop(),
+            "legs": [leg for _, m in metas for leg in m.get("legs") or []],
+            "all_legs": sorted(planned)}, indent=1))
+        if report:
+            write_run_report(dest)
+    except BaseException:
+        if created:                 # a merge that did not finish leaves no half-made folder
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
     link_latest(dest)
     return dest
+
+
+# --- the files of the shards, planned before the first byte is written -----------------------------------------
+OWN_FILES = ("ledger.json", "ledger.json.lock", "run.json", "report.html", "report.md")   # written anew
+# what a run keeps of its own machine (the logs of a cluster kept from a failed leg, the legs' pytest logs, plots
+# drawn again from evidence): two shards may hold one name with different content, and both are kept
+PER_SHARD_FOLDERS = ("clusters", "legs", "plots")
+PER_SHARD_SUFFIXES = (".log", ".png")
+MAX_SHARD_ENTRIES = 200_000     # files, folders and links of one shard folder
+MAX_SHARD_DEPTH = 32            # folders nested in a shard folder
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One entry of a shard folder: ``rel`` its path inside the folder (``/``-separated); ``kind`` file, dir or
+    link; ``link`` for a link, where it points, relative to the link's folder (always inside the shard)."""
+    shard: Path
+    rel: str
+    kind: str
+    link: str | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.shard / self.rel
+
+
+def shown(x) -> str:
+    """A path as one line of a message (a name with a newline or a control character quoted)."""
+    text = str(x)
+    return text if text.isprintable() else repr(text)
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def shard_entries(shard: Path) -> list[ShardEntry]:
+    """Every entry of a shard folder but its own record (OWN_FILES), links never followed, under a budget of
+    entries and depth.  Refused (bad input, named): a link that points outside the shard folder (its target would
+    become part of the merged run's evidence), anything that is not a file, a folder or a link (a FIFO, a socket,
+    a device), a folder that cannot be read."""
+    shard = Path(shard)
+    root = os.path.realpath(shard)
+    out: list[ShardEntry] = []
+    stack = [("", 0)]
+    while stack:
+        rel, depth = stack.pop()
+        here = shard / rel if rel else shard
+        try:
+            with os.scandir(here) as it:
+                items = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            raise BadInput(f"{shown(here)}: cannot read it ({e.strerror or type(e).__name__}): refused") from None
+        for e in items:
+            if not rel and e.name in OWN_FILES:
+                continue
+            r = f"{rel}/{e.name}" if rel else e.name
+            if len(out) >= MAX_SHARD_ENTRIES:
+                raise BadInput(f"{shown(shard)}: more than {MAX_SHARD_ENTRIES} files, folders and links: not a shard "
+                               f"run folder drills run writes; refused")
+            try:
+                if e.is_symlink():
+                    text = os.readlink(e.path)
+                    target = os.path.realpath(e.path)
+                    if not _within(target, root):
+                        raise BadInput(f"{shown(shard)}: {shown(r)} is a link to {shown(text)}, outside the shard "
+                                       f"folder: refused (a merge never takes in what lies outside the shards; "
+                                       f"copy it into the shard or remove the link)")
+                    out.append(ShardEntry(shard, r, "link", os.path.relpath(
+                        target, os.path.dirname(os.path.join(root, r)))))
+                elif e.is_dir(follow_symlinks=False):
+                    if depth + 1 > MAX_SHARD_DEPTH:
+                        raise BadInput(f"{shown(shard)}: {shown(r)}: folders nested deeper than {MAX_SHARD_DEPTH}: "
+                                       f"refused")
+                    out.append(ShardEntry(shard, r, "dir"))
+                    stack.append((r, depth + 1))
+                elif e.is_file(follow_symlinks=False):
+                    out.append(ShardEntry(shard, r, "file"))
+                else:
+                    raise BadInput(f"{shown(shard)}: {shown(r)} is not a file, a folder or a link (a FIFO, a socket "
+                                   f"or a device): refused")
+            except OSError as err:
+                raise BadInput(f"{shown(shard)}: {shown(r)}: cannot read it ({err.strerror or type(err).__name__}): "
+                               f"refused") from None
+    return out
+
+
+def _evidence_names(shard: Path, rows: list[dict]) -> set[str]:
+    """The paths a shard's rows name as their evidence, relative to the shard folder."""
+    out = set()
+    root = os.path.realpath(shard)
+    for r in rows:
+        ev = r.get("evidence")
+        if not isinstance(ev, str) or not ev or "\0" in ev:
+            continue
+        if os.path.isabs(ev):
+            for base in (str(shard), root):
+                if _within(os.path.normpath(ev), os.path.normpath(base)):
+                    ev = os.path.relpath(os.path.normpath(ev), os.path.normpath(base))
+                    break
+            else:
+                continue
+        ev = posixpath.normpath(ev.replace(os.sep, "/"))
+        if ev != ".." and not ev.startswith("../"):
+            out.add(ev)
+    return out
+
+
+def _same(a: ShardEntry, b: ShardEntry) -> bool:
+    if a.kind != b.kind:
+        return False
+    if a.kind == "link":
+        return a.link == b.link
+    try:
+        return a.path.stat().st_size == b.path.stat().st_size and filecmp.cmp(a.path, b.path, shallow=False)
+    except OSError:
+        return False
+
+
+def _per_shard(rel: str) -> bool:
+    return rel.split("/", 1)[0] in PER_SHARD_FOLDERS or rel.endswith(PER_SHARD_SUFFIXES)
+
+
+def _shard_labels(metas: list[tuple[Path, dict]]) -> dict[Path, str]:
+    """A name per shard for the files kept apart: its run id (or folder name), else shard<i>."""
+    from .names import is_plain_name
+    labels: dict[Path, str] = {}
+    for i, (d, m) in enumerate(metas, 1):
+        name = next((x for x in (m.get("run_id"), d.name) if isinstance(x, str) and is_plain_name(x)), "")
+        labels[d] = name if name and name not in labels.values() else f"shard{i}"
+    return labels
+
+
+def _apart(rel: str, label: str, taken: set[str]) -> str:
+    """``clusters/c/controller.log`` of shard ``s1`` as ``clusters/c/controller.s1.log`` (a free name)."""
+    head, _, name = rel.rpartition("/")
+    stem, dot, suffix = name.rpartition(".") if "." in name.lstrip(".") else (name, "", "")
+    for n in range(1, 1000):
+        tag = label if n == 1 else f"{label}-{n}"
+        new = f"{stem}.{tag}{dot}{suffix}" if dot else f"{name}.{tag}"
+        new = f"{head}/{new}" if head else new
+        if new not in taken:
+            return new
+    raise BadInput(f"{shown(rel)}: no free name to keep each shard's copy apart: refused")
+
+
+def plan_files(metas: list[tuple[Path, dict]], shard_rows: dict[Path, list[dict]],
+               log: Callable[[str], None]) -> list[tuple[str, ShardEntry]]:
+    """What the merged folder gets of the shards' folders: (path in it, the entry it comes from), parents first.
+
+    One name in several shards: identical content (or links to the same place) is kept once; different content is
+    kept apart under a name per shard (``controller.<shard>.log``, said) when it is what a run keeps of its own
+    machine (PER_SHARD_FOLDERS, PER_SHARD_SUFFIXES) and no row names it as evidence; any other difference (a row's
+    evidence, a record, a file in one and a folder in another) is refused, naming both folders.  A link inside its
+    shard is kept as a link (said); one that points outside is refused (``shard_entries``)."""
+    by_rel: dict[str, list[ShardEntry]] = {}
+    for d, _ in metas:
+        for e in shard_entries(d):
+            by_rel.setdefault(e.rel, []).append(e)
+    evidence = set().union(*(_evidence_names(d, shard_rows.get(d, [])) for d, _ in metas))
+    labels = _shard_labels(metas)
+    taken, out, once, said = set(by_rel), [], 0, []
+    for rel in sorted(by_rel):
+        entries = by_rel[rel]
+        kinds = {e.kind for e in entries}
+        if "dir" in kinds:
+            if kinds != {"dir"}:
+                d_, o_ = next(e for e in entries if e.kind == "dir"), next(e for e in entries if e.kind != "dir")
+                raise BadInput(f"{shown(rel)} is a folder in {shown(d_.shard)} and a {o_.kind} in "
+                               f"{shown(o_.shard)}: the merge cannot tell which is the run's: refused")
+            out.append((rel, entries[0]))
+            continue
+        differ = [e for e in entries[1:] if not _same(entries[0], e)]
+        if not differ:
+            out.append((rel, entries[0]))
+            once += len(entries) > 1
+            continue
+        named = any(rel == ev or rel.startswith(ev + "/") for ev in evidence)
+        if not _per_shard(rel) or named:
+            raise BadInput(f"{shown(rel)} differs between {shown(entries[0].shard)} and {shown(differ[0].shard)}"
+                           f"{' (a row names it as evidence)' if named else ''}: two shards' records of one name are "
+                           f"never merged over each other; refused, nothing written")
+        apart = []
+        for e in entries:
+            new = _apart(rel, labels[e.shard], taken)
+            taken.add(new)
+            apart.append(new)
+            out.append((new, e))
+        said.append(f"merge: {shown(rel)} differs between shards ({', '.join(shown(e.shard) for e in entries)}): "
+                    f"each kept apart, as {', '.join(map(shown, apart))}")
+    for line in said:          # said once nothing is refused
+        log(line)
+    for rel, e in out:
+        if e.kind == "link":
+            log(f"merge: {shown(e.shard)}: {shown(e.rel)} is a link inside the shard (to {shown(e.link)}): kept as "
+                f"a link, as {shown(rel)}")
+    if once:
+        log(f"merge: {once} file(s) the same in several shards: kept once")
+    return sorted(out, key=lambda x: x[0].count("/"))
+
+
+def _write_files(files: list[tuple[str, ShardEntry]], dest: Path) -> None:
+    for rel, e in files:
+        target = dest / rel
+        if e.kind == "dir":
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if e.kind == "link":
+            if target.is_symlink() or target.exists():
+                target.unlink()
+            os.symlink(e.link, target)
+        elif e.path.is_symlink() or not e.path.is_file():      # changed since it was planned: never followed
+            raise BadInput(f"{shown(e.path)}: changed while the merge ran (now a link or gone): refused")
+        else:
+            shutil.copy2(e.path, target, follow_symlinks=False)

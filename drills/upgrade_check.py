@@ -166,8 +166,8 @@ def _gaps(meta: dict, rows: list[dict]) -> list[str]:
 
 def _evidence_from(run_dir: Path, evidence):
     """A row's evidence as a path that holds from another run folder (the evidence stays where it was recorded)."""
-    if not evidence or Path(str(evidence)).is_absolute():
-        return evidence
+    if not evidence or not isinstance(evidence, str) or Path(evidence).is_absolute():
+        return evidence        # none, a path already, or no path at all (judged so: drills.evidence)
     return str((Path(run_dir) / str(evidence)).resolve())
 
 

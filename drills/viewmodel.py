@@ -39,9 +39,10 @@ def is_run_dir(path: Path) -> bool:
 
 
 def evidence_path(run_dir: Path, evidence) -> Path | None:
-    if not evidence:
+    """Where a row's evidence is (None: it names none, or names no path: drills.evidence judges it so)."""
+    if not evidence or not isinstance(evidence, str) or "\0" in evidence:
         return None
-    p = Path(str(evidence))
+    p = Path(evidence)
     return p if p.is_absolute() else run_dir / p
 
 
@@ -51,7 +52,10 @@ def series_of(run_dir: Path, evidence) -> Path | None:
     if p is None:
         return None
     cand = p if p.name.endswith(timeline.SERIES_SUFFIX) else timeline.series_path(p)
-    return cand if cand.is_file() else None
+    try:
+        return cand if cand.is_file() else None
+    except (OSError, ValueError):          # a name the filesystem refuses (too long): no series to draw
+        return None
 
 
 # --- links -------------------------------------------------------------------------------------------------

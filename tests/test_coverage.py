@@ -322,7 +322,7 @@ def test_evidence_that_is_no_observation_or_cannot_be_read_is_inconclusive(tmp_p
         assert row["verdict"] == INCONCLUSIVE and "not a path" in row["reason"], row
 
 
-def test_a_merge_keeps_links_as_links_and_their_outside_evidence_stays_outside(tmp_path):
+def test_a_merge_refuses_a_link_to_evidence_outside_its_shard(tmp_path):
     s1 = run_folder(tmp_path / "s1", [{"id": "v1.8.2/a/stage"}], all_legs=PLAN)
     s2 = tmp_path / "s2"
     outside = run_folder(tmp_path / "outside", [{"id": "v1.8.2/b/stage"}], all_legs=PLAN)
@@ -330,12 +330,9 @@ def test_a_merge_keeps_links_as_links_and_their_outside_evidence_stays_outside(t
     (s2 / "v1.8.2").symlink_to(outside / "v1.8.2")        # its evidence lives outside the shard
     (s2 / "ledger.json").write_text((outside / "ledger.json").read_text().replace(str(outside), str(s2)))
     (s2 / "run.json").write_text((outside / "run.json").read_text())
-    merged = runner.merge([s1, s2], dest=tmp_path / "reports" / "m")
-    assert (merged / "v1.8.2").is_dir()
-    code, missing, rows = runner.verdict(merged, whole=True)
-    assert code == 3 and any("evidence outside the run folder" in line or "evidence missing" in line
-                             for line in missing), missing       # never a pass on what lies outside the shard
-    assert [r["verdict"] for r in rows if r["lane"] == "b"] == [INCONCLUSIVE, INCONCLUSIVE]
+    with pytest.raises(BadInput, match="outside the shard folder"):      # never taken in, never judged on
+        runner.merge([s1, s2], dest=tmp_path / "reports" / "m")
+    assert not (tmp_path / "reports").exists()
 
 
 def test_a_merge_refuses_folders_that_are_not_shards_of_one_plan_or_would_contain_it(tmp_path):

@@ -164,3 +164,91 @@ def test_the_by_path_check_sees_a_path():
     assert _BY_PATH.search('binary = Toolchain().rollouts_dir("v1.8.2") / "rollouts-controller"')
     assert _BY_PATH.search('real = config.cache_dir() / "rollouts" / controller_version')
     assert not _BY_PATH.search('binary = Toolchain().controller("v1.8.2")')
+
+
+# --- every subprocess the product starts has a timeout and dies with drills ----------------------------------------
+RUNS = {"run", "call", "check_call", "check_output"}      # subprocess functions that wait for the child's end
+NEVER = {("os", "system"), ("os", "popen"), ("asyncio", "create_subprocess_exec"), ("asyncio", "create_subprocess_shell"),
+         ("pty", "spawn")} | {("os", f) for f in ("spawnl", "spawnlp", "spawnv", "spawnvp", "posix_spawn",
+                                                  "posix_spawnp", "fork", "forkpty", "execv", "execvp", "execve")}
+# a child that must outlive the command that starts it, by design (file, function): why, and who takes it down
+SUBPROCESS_EXEMPT = {
+    ("cluster/embedded.py", "_spawn"): "the cluster's releaser and rollouts-controller outlive `drills cluster up` "
+                                       "(the cluster stays up); state.json records each with its pid, start time and "
+                                       "boot, and `cluster down` or the next run's reap takes it down",
+}
+
+
+def _dies_with_parent(call: ast.Call) -> bool:
+    fn = next((k.value for k in call.keywords if k.arg == "preexec_fn"), None)
+    return isinstance(fn, (ast.Name, ast.Attribute)) and (getattr(fn, "id", None) or fn.attr) == "die_with_parent"
+
+
+def _has_timeout(call: ast.Call) -> bool:
+    t = next((k.value for k in call.keywords if k.arg == "timeout"), None)
+    return t is not None and not (isinstance(t, ast.Constant) and t.value is None)
+
+
+def subprocess_offences(source: str, name: str) -> list[str]:
+    """Each call in ``source`` that starts a process without a timeout (subprocess.run, call, check_*) or without
+    ``preexec_fn=die_with_parent`` (those and Popen), or by a way that offers neither (os.system, os.spawn*, ...),
+    outside SUBPROCESS_EXEMPT: ``name:line: function: what is missing``."""
+    tree = ast.parse(source)
+    aliases = {a.asname or a.name: (n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+               for a in n.names if n.module in ("subprocess", "os", "asyncio", "pty")}
+    out = []
+
+    def visit(node, func: str):
+        for child in ast.iter_child_nodes(node):
+            here = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+            if isinstance(child, ast.Call):
+                f = child.func
+                target = ((f.value.id, f.attr) if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                          else aliases.get(f.id) if isinstance(f, ast.Name) else None)
+                missing = []
+                if target in NEVER:
+                    missing = [f"{'.'.join(target)} (use drills.procs.run_bounded)"]
+                elif target and target[0] == "subprocess" and target[1] in RUNS | {"Popen"}:
+                    if any(k.arg is None for k in child.keywords):
+                        missing.append("keywords passed as **kwargs (cannot be checked)")
+                    if target[1] in RUNS and not _has_timeout(child):
+                        missing.append("timeout=")
+                    if not _dies_with_parent(child):
+                        missing.append("preexec_fn=die_with_parent")
+                if missing and (name, here) not in SUBPROCESS_EXEMPT:
+                    out.append(f"{name}:{child.lineno}: {here}: subprocess.{target[1]} lacks {', '.join(missing)}"
+                               if target[0] == "subprocess" else f"{name}:{child.lineno}: {here}: {missing[0]}")
+            visit(child, here)
+    visit(tree, "<module>")
+    return out
+
+
+def test_every_subprocess_has_a_timeout_and_dies_with_drills():
+    hits = [h for p in sorted(PKG.rglob("*.py")) for h in subprocess_offences(p.read_text(), str(p.relative_to(PKG)))]
+    assert hits == [], "every child gets a timeout and preexec_fn=drills.procs.die_with_parent (or runs through " \
+        "drills.procs.run_bounded), or is listed in SUBPROCESS_EXEMPT with its reason:\n" + "\n".join(hits)
+
+
+def test_every_exemption_names_a_function_that_starts_a_process():
+    for (name, func), why in SUBPROCESS_EXEMPT.items():
+        tree = ast.parse((PKG / name).read_text())
+        fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == func), None)
+        assert fn is not None and why.strip(), (name, func)
+        assert any(isinstance(c, ast.Call) and getattr(c.func, "attr", None) == "Popen" for c in ast.walk(fn)), func
+
+
+def test_the_subprocess_check_sees_what_is_missing():
+    src = ("import subprocess, os\nfrom subprocess import Popen as P\nfrom drills.procs import die_with_parent\n"
+           "def a():\n    subprocess.run(['x'], capture_output=True)\n"
+           "def b():\n    subprocess.run(['x'], timeout=None, preexec_fn=die_with_parent)\n"
+           "def c():\n    P(['x'])\n"
+           "def d():\n    os.system('x')\n"
+           "def e():\n    subprocess.check_output(['x'], **kw)\n"
+           "def ok():\n    subprocess.run(['x'], timeout=5, preexec_fn=die_with_parent)\n"
+           "    subprocess.Popen(['x'], preexec_fn=die_with_parent)\n")
+    hits = subprocess_offences(src, "m.py")
+    assert [h.split(": ", 2)[1] for h in hits] == ["a", "b", "c", "d", "e"], hits
+    assert "timeout=, preexec_fn=die_with_parent" in hits[0] and hits[1].endswith("lacks timeout=")
+    assert "Popen lacks preexec_fn" in hits[2] and "os.system" in hits[3] and "**kwargs" in hits[4]
+    assert subprocess_offences("import subprocess\ndef _spawn():\n    subprocess.Popen(['x'])\n",
+                               "cluster/embedded.py") == []

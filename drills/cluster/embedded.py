@@ -20,7 +20,8 @@ import yaml
 
 from .. import config
 from ..names import is_plain_name, plain_name
-from ..procs import free_port, listening_ports_of, pid_alive, port_in_use, proven, terminate_proven
+from ..procs import (die_with_parent, free_port, listening_ports_of, pid_alive, port_in_use, proven, run_bounded,
+                     terminate_proven)
 from ..toolchain import Toolchain, check_built, components_for
 from ..wait import WaitTimeout, until
 from .errors import ClusterError, ClusterInputError, ClusterInUse, ClusterStateError, ControlPlaneExited
@@ -105,7 +106,7 @@ class EmbeddedCluster(ClusterState):
     def _kwokctl(self, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
         env = dict(os.environ, KWOK_WORKDIR=str(self.kwok_workdir))
         kwokctl = self.tc.bin("kwok", config.KWOK_VERSION, "kwokctl")
-        r = subprocess.run([str(kwokctl), *args], env=env, capture_output=True, text=True, timeout=timeout)
+        r = run_bounded([str(kwokctl), *args], timeout=timeout, env=env)     # its group killed on a timeout
         if check and r.returncode != 0:
             raise ClusterError(f"kwokctl {' '.join(args)} failed: {(r.stderr or r.stdout).strip()[-800:]}")
         return r
@@ -331,7 +332,8 @@ class EmbeddedCluster(ClusterState):
         with open(self.folder / "logs" / "kwokctl.log", "ab") as log:
             return subprocess.Popen([str(self.tc.bin("kwok", config.KWOK_VERSION, "kwokctl")), *args],
                                     env=dict(os.environ, KWOK_WORKDIR=str(self.kwok_workdir)),
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    preexec_fn=die_with_parent)     # `up` terminates it; a killed drills too
 
     def _kwokctl_failed(self, proc: subprocess.Popen) -> bool:
         """False while kwokctl runs or after it succeeded; raises with its output when it failed."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from .. import config
 from ..branches import BACKWARD, END, MID, SourceMapError, find_branches
 from ..errors import BadInput
+from ..procs import run_bounded
 from ..toolchain.modsource import ModuleUnavailable, rollouts_source
 
 TR, CANARY, SYNC, RSC, ISTIO, TYPES, VALIDATION, ANALYSIS = (
@@ -224,8 +225,8 @@ def source_status(version: str, download: bool = True) -> tuple[Path | None, str
 
 def _cached_module_dir(version: str) -> Path | None:
     try:
-        gomodcache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, timeout=60,
-                                    env=dict(os.environ, GOTOOLCHAIN="local")).stdout.strip()
+        gomodcache = run_bounded(["go", "env", "GOMODCACHE"], timeout=60,
+                                 env=dict(os.environ, GOTOOLCHAIN="local")).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
     cached = Path(gomodcache) / f"{config.ROLLOUTS_MODULE}@{version}" if gomodcache else None

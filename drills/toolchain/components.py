@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .. import config
 from ..errors import BadInput
+from ..procs import run_bounded
 
 
 class BuildError(RuntimeError):
@@ -137,11 +138,18 @@ def resolve_controller_versions(spec: str | list[str] | None, check_served: bool
     return out
 
 
+SERVED_TIMEOUT_S = 300         # go mod download of a version drills does not know yet
+
+
 def _module_served(module: str, version: str) -> bool:
     require_go()
     env = dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod")
-    r = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True, text=True,
-                       env=env, timeout=300)
+    try:
+        r = run_bounded(["go", "mod", "download", "-json", f"{module}@{version}"], timeout=SERVED_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        raise UnknownVersion(f"controller version {version}: go mod download {module}@{version} did not finish "
+                             f"within {SERVED_TIMEOUT_S}s, so whether the Go module proxy serves it is unknown "
+                             f"(module proxy unreachable?)") from None
     try:
         info = json.loads(r.stdout)
     except ValueError:

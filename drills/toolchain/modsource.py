@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import config
+from ..procs import run_bounded
 
 DOWNLOAD_TIMEOUT_S = 900.0          # a module zip and, once per machine, the newer toolchain (~76 MB)
 MAX_JSON_BYTES = 1 << 20
@@ -51,8 +52,10 @@ def local_go_version() -> str:
     """The machine's Go ('1.26.8'), as ``go env GOVERSION`` prints it without the 'go'."""
     from .components import require_go
     require_go()
-    r = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, GOTOOLCHAIN="local"))
+    try:
+        r = run_bounded(["go", "env", "GOVERSION"], timeout=60, env=dict(os.environ, GOTOOLCHAIN="local"))
+    except subprocess.TimeoutExpired:
+        raise ModuleUnavailable("go env GOVERSION did not finish within 60s") from None
     if r.returncode != 0 or not r.stdout.strip():
         raise ModuleUnavailable(f"go env GOVERSION failed: {r.stderr.strip()[-300:]}")
     return r.stdout.strip().removeprefix("go")
@@ -81,8 +84,8 @@ def _download(module: str, version: str, gotoolchain: str, timeout: float) -> di
     # outside any module of the caller's (a go.mod in the working directory would take part)
     with tempfile.TemporaryDirectory(prefix="drills-gomod-") as cwd:
         try:
-            r = subprocess.run(["go", "mod", "download", "-json", f"{module}@{version}"], capture_output=True,
-                               text=True, cwd=cwd, env=go_env(gotoolchain), timeout=timeout)
+            r = run_bounded(["go", "mod", "download", "-json", f"{module}@{version}"], timeout=timeout, cwd=cwd,
+                            env=go_env(gotoolchain))
         except subprocess.TimeoutExpired:
             raise ModuleUnavailable(f"{module}@{version}: go mod download did not finish within {timeout:.0f}s "
                                     f"(module proxy unreachable?)") from None

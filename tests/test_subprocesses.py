@@ -1,0 +1,97 @@
+"""The go commands drills runs outside a build (`go mod download`, `go env`) and kwokctl run under a timeout, in a
+process group of their own that the timeout kills whole, and die with drills however it ends (SIGKILL included).
+A stand-in `go` on PATH that never answers plays a module proxy that hangs (the real go cannot be made to hang on
+demand); kwokctl is the real one."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from drills import config
+from drills.procs import die_with_parent, pid_alive
+from drills.wait import until
+
+HANGING_GO = textwrap.dedent("""\
+    #!/bin/sh
+    # a go command whose module proxy never answers: it starts a helper of its own and waits for ever
+    sleep 600 &
+    echo $! > "$STUB_DIR/helper.pid"
+    echo $$ > "$STUB_DIR/go.pid"
+    wait
+""")
+
+
+@pytest.fixture
+def hanging_go(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    go = bin_dir / "go"
+    go.write_text(HANGING_GO)
+    go.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STUB_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _pids(folder: Path) -> list[int]:
+    until("the stand-in go to write its pids", lambda: (folder / "go.pid").is_file() and
+          (folder / "helper.pid").is_file() and (folder / "go.pid").read_text().strip(), timeout=60, interval=0.05)
+    return [int((folder / n).read_text()) for n in ("go.pid", "helper.pid")]
+
+
+def _gone(pids: list[int], why: str) -> None:
+    until(why, lambda: not any(pid_alive(p) for p in pids), timeout=30, interval=0.05)
+
+
+def test_go_mod_download_that_never_answers_ends_at_its_timeout_with_its_helpers(hanging_go):
+    from drills.toolchain.modsource import ModuleUnavailable, _download
+    with pytest.raises(ModuleUnavailable, match="did not finish within 2s"):
+        _download("example.com/never", "v1.0.0", "local", timeout=2)
+    _gone(_pids(hanging_go), "the hanging go and the helper it started to be killed with its group")
+
+
+def test_a_version_check_that_never_answers_is_bad_input_naming_the_timeout(hanging_go, monkeypatch):
+    from drills.toolchain import components
+    monkeypatch.setattr(components, "SERVED_TIMEOUT_S", 2)
+    with pytest.raises(components.UnknownVersion, match="did not finish within 2s"):
+        components.resolve_controller_versions("v1.99.0")
+    _gone(_pids(hanging_go), "the hanging go and its helper to be killed with its group")
+
+
+@pytest.mark.parametrize("call", [
+    "from drills.toolchain.modsource import _download; _download('example.com/never', 'v1.0.0', 'local', 600)",
+    "from drills.toolchain.components import _module_served; _module_served('example.com/never', 'v1.0.0')",
+    "from drills.toolchain.modsource import local_go_version; local_go_version()",
+    "from drills.scan.sources import _cached_module_dir; _cached_module_dir('v1.99.0')",
+])
+def test_a_go_command_dies_with_a_drills_that_is_killed(hanging_go, call):
+    proc = subprocess.Popen([sys.executable, "-c", call], env=dict(os.environ, PYTHONPATH=str(config.project_root())),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=die_with_parent)
+    try:
+        go, helper = _pids(hanging_go)
+        proc.send_signal(signal.SIGKILL)          # no handler, no finally: only the kernel can take go down
+        proc.wait(30)
+        _gone([go], "the go command of a SIGKILLed drills to die with it")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        helper_pid = (hanging_go / "helper.pid")
+        if helper_pid.is_file():              # go's own helper is go's to end: the stand-in's, ended here
+            try:
+                os.kill(int(helper_pid.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+
+
+def test_kwokctl_runs_bounded_and_answers():
+    from drills.cluster import EmbeddedCluster
+    r = EmbeddedCluster("h22-bounded", log=lambda m: None)._kwokctl("--version", timeout=60)
+    assert r.returncode == 0 and config.KWOK_VERSION in r.stdout + r.stderr, (r.stdout, r.stderr)
