@@ -24,8 +24,8 @@ from drills.toolchain import Toolchain, components_for, resolve_controller_versi
 from drills.wait import WaitTimeout, until
 
 # --- a cold cache: the session builds its whole toolchain in the background from its first second ------------------
-# in the order the tests need it (etcd and kwok, helm, the rest of the control plane and the first controller, then
-# the second controller, Prometheus, the registry), two components at a time (drills.toolchain.build_jobs); a test
+# in the order the tests need it (etcd beside Kubernetes, kwok, the first controller, helm, then the second
+# controller, Prometheus, the registry), two components at a time (drills.toolchain.build_jobs); a test
 # that needs a component before it is built waits for it (drills.toolchain's locks) and says so.  Prometheus, the
 # longest build, starts as soon as a slot frees after the first controller: the lanes and tests that need it
 # (alert, abort, escape) come last in a cold session.  Off with DRILLS_BACKGROUND_BUILD=0.

@@ -124,3 +124,13 @@ def test_two_jobs_build_two_components_and_report_each_as_it_is_ready(tmp_path, 
     again: list[str] = []
     tc.ensure(comps, jobs=2, on_built=lambda c: again.append(c.key))
     assert again == [c.key for c in comps]
+
+
+def test_the_longest_build_of_the_first_cluster_starts_first_beside_the_rest():
+    from drills.toolchain import components_for
+    order = [c.name for c in components_for(["v1.8.2", "v1.10.2"], ["prometheus", "registry"])]
+    # two at a time: Kubernetes in one slot from the start, etcd, kwok and the first controller in the other
+    assert order[:2] == ["etcd", "kubernetes"]
+    first_cluster = {"etcd", "kubernetes", "kwok", "istio-crds"}
+    assert set(order[:5]) == first_cluster | {"rollouts"} and order.index("helm") == 5
+    assert order[-2:] == ["prometheus", "registry"]

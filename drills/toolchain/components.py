@@ -161,16 +161,15 @@ def _module_served(module: str, version: str) -> bool:
 
 def components_for(controllers: list[str], extras: list[str] = ()) -> list[Component]:
     """What a cluster at these controller versions needs (and ``extras``), in the order a cold machine should build
-    them: etcd and kwok, then helm (a minute or two; every chart render and fleet scan waits for it), the rest of the
-    control plane and the first controller (the first cluster can start then), then the other controllers and the
-    optional components."""
-    base = base_components()
+    them, two at a time (drills.toolchain.locks.build_jobs): etcd beside Kubernetes (the longest of the first
+    cluster's builds, so it starts at once), then kwok, the Istio CRDs and the first controller while Kubernetes
+    still builds (the first cluster can start when both are done), then helm (every chart render and fleet scan
+    waits for it), the other controllers and the optional components."""
+    base = {c.name: c for c in base_components()}
     opt = optional_components()
-    first = [c for c in base if c.name in ("etcd", "kwok")]
-    helm = [c for c in base if c.name == "helm"]
-    plane = [c for c in base if c.name not in ("etcd", "kwok", "helm")]
     rollouts = [rollouts_component(v) for v in controllers]
-    return first + helm + plane + rollouts[:1] + rollouts[1:] + [opt[e] for e in extras]
+    first = [base["etcd"], base["kubernetes"], base["kwok"], base["istio-crds"]]
+    return first + rollouts[:1] + [base["helm"]] + rollouts[1:] + [opt[e] for e in extras]
 
 
 # ---------------------------------------------------------------------------------------------
