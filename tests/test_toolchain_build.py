@@ -2,7 +2,9 @@
 how builds share a cache: build slots held only while go compiles, the download before the slot, two at a time."""
 from __future__ import annotations
 
+import fcntl
 import os
+import signal
 import subprocess
 import sys
 
@@ -134,3 +136,62 @@ def test_the_longest_build_of_the_first_cluster_starts_first_beside_the_rest():
     first_cluster = {"etcd", "kubernetes", "kwok", "istio-crds"}
     assert set(order[:5]) == first_cluster | {"rollouts"} and order.index("helm") == 5
     assert order[-2:] == ["prometheus", "registry"]
+
+
+def _builder(cache, names, jobs):
+    """A process building hello components ``names`` on ``cache``, ``jobs`` at a time (its console piped)."""
+    code = ("import sys; from drills.toolchain.build import Toolchain; from drills.toolchain.components import "
+            "Component; cs = [Component(n, sys.argv[2], sys.argv[3], {'hello': sys.argv[2]}, "
+            "ldflags=('-X main.name=' + n,)) for n in sys.argv[5:]]; "
+            "Toolchain(sys.argv[1]).ensure(cs, jobs=int(sys.argv[4]))")
+    return subprocess.Popen([sys.executable, "-c", code, str(cache), *HELLO, str(jobs), *names],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_signal_ends_the_builds_waiting_for_a_slot_and_starts_nothing(tmp_path):
+    from drills.procs import pid_alive
+    tc = Toolchain(tmp_path / "cache", log=lambda m: None)
+    holders = [_Holder(tc._lock_path("build-slot")), _Holder(tc._lock_path("build-slot-1"))]
+    proc = _builder(tc.root, ["hello-s", "hello-t"], 2)
+    lines: list[str] = []
+    try:
+        until("both builds to wait for a slot after their downloads", lambda: lines.append(proc.stdout.readline())
+              or lines[-1], lambda line: "every build slot of this cache is in use" in line or not line,
+              timeout=300)
+        proc.send_signal(signal.SIGINT)
+        until("the builder to end after SIGINT", lambda: proc.poll() is not None, timeout=60)
+    finally:
+        for h in holders:
+            h.release()
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines) + proc.stdout.read()
+    assert proc.returncode != 0, out
+    # nothing started after the signal: no component built, no go command left, every lock free again
+    assert not any(tc.is_built(_hello(n)) for n in ("hello-s", "hello-t")), out
+    assert "go build" not in "".join(p.read_text() for p in (tc.root / "logs").glob("hello-*.log"))
+    leftover = subprocess.run(["pgrep", "-f", str(tc.root)], capture_output=True, text=True, timeout=30).stdout.split()
+    assert [p for p in leftover if pid_alive(int(p))] == [], leftover
+    with open(tc._lock_path("build-slot"), "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)       # raises if the builder still held it
+
+
+def test_a_lock_file_that_is_a_link_is_refused_and_its_target_left_alone(tmp_path):
+    cache = tmp_path / "cache"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    comp = _hello("hello-l")
+    lock = Toolchain(cache)._lock_path(comp.key)
+    lock.parent.mkdir(parents=True)
+    lock.symlink_to(victim)
+    with pytest.raises(BadInput, match="a link"):
+        Toolchain(cache, log=lambda m: None).ensure([comp])
+    assert victim.read_text() == "keep me\n" and not Toolchain(cache).is_built(comp)
+
+
+@pytest.mark.parametrize("raw", ["x", "0", "²", "9" * 5000])
+def test_a_bad_build_jobs_setting_is_refused_before_anything_is_written(tmp_path, raw):
+    r = subprocess.run([sys.executable, "-m", "drills", "toolchain", "build"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "DRILLS_CACHE": str(tmp_path / "c"), "DRILLS_BUILD_JOBS": raw})
+    assert r.returncode == 2 and "DRILLS_BUILD_JOBS" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*")), "nothing is written on bad input"

@@ -20,7 +20,7 @@ import yaml
 from .. import config
 from ..errors import BadInput
 from ..procs import die_with_parent
-from .locks import _RUNNING, _RUNNING_LOCK, WAITS, build_jobs, hold_any  # noqa: F401 (WAITS: read here)
+from .locks import _RUNNING, _RUNNING_LOCK, WAITS, build_jobs, check_jobs, hold_any  # noqa: F401 (WAITS: read here)
 from .modsource import ModuleUnavailable, go_env, module_source
 from .components import (
     BuildError,
@@ -114,6 +114,8 @@ class Toolchain:
     def __init__(self, root: Path | None = None, log: Callable[[str], None] | None = None):
         self.root = Path(root or config.cache_dir())
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self._stopping = threading.Event()       # set when a build here is stopped: nothing new starts
+        self._slots = 1
 
     # --- paths ------------------------------------------------------------------------------
     def dir(self, comp: Component) -> Path:
@@ -175,6 +177,7 @@ class Toolchain:
         source and dependencies download (go mod tidy) before it takes a slot, so a download overlaps another
         component's compile.  A slot is never held while waiting for a component's lock, so they cannot
         deadlock.  ``on_built(comp)`` is called as each component is ready (built here or by another process)."""
+        slots = check_jobs(jobs) if jobs is not None else build_jobs()     # bad input before anything is done
         todo = [c for c in comps if not self.is_built(c)]
         for c in comps:
             if c not in todo and on_built:
@@ -182,14 +185,20 @@ class Toolchain:
         if not todo:
             return
         require_go()
-        jobs = max(1, min(jobs or build_jobs(), len(todo)))
+        self._stopping.clear()
+        self._slots = slots
+        jobs = max(1, min(slots, len(todo)))
         self.log(f"toolchain: {len(todo)} component(s) to build: {', '.join(c.key for c in todo)}"
                  + (f" ({jobs} at a time)" if jobs > 1 else ""))
         if jobs == 1:
-            for i, comp in enumerate(todo, 1):
-                self._ensure_one(comp, i, len(todo))
-                if on_built:
-                    on_built(comp)
+            try:
+                for i, comp in enumerate(todo, 1):
+                    self._ensure_one(comp, i, len(todo))
+                    if on_built:
+                        on_built(comp)
+            except BaseException:
+                self._stop()
+                raise
             return
         queue = deque(enumerate(todo, 1))
         errors: list[BaseException] = []
@@ -216,10 +225,10 @@ class Toolchain:
             while any(t.is_alive() for t in threads):
                 for t in threads:
                     t.join(0.5)
-        except BaseException:        # a signal in this thread: the go commands of every build go with it
-            with qlock:
+        except BaseException:        # a signal in this thread: the go commands of every build go with it, and a
+            with qlock:              # build waiting for a lock or a slot starts nothing
                 queue.clear()
-            self._kill_running()
+            self._stop()
             for t in threads:
                 t.join(60)
             raise
@@ -227,6 +236,8 @@ class Toolchain:
             raise errors[0]
 
     def _ensure_one(self, comp: Component, i: int, n: int) -> None:
+        if self._stopping.is_set():
+            raise BuildError(f"{comp.key}: the build was stopped before it started")
         with self._lock(self._lock_path(comp.key), f"{comp.key} is being built by another process", what=comp.key):
             if self.is_built(comp):
                 self.log(f"toolchain: [{i}/{n}] {comp.key} was built meanwhile")
@@ -237,13 +248,17 @@ class Toolchain:
             self.log(f"toolchain: [{i}/{n}] {comp.key} built in {time.monotonic() - t0:.0f}s")
 
     def _slot(self, comp: Component):
-        """One of the cache's build_jobs() build slots, held while go compiles and links ``comp``."""
-        paths = [self._lock_path("build-slot" if k == 0 else f"build-slot-{k}") for k in range(build_jobs())]
+        """One of the cache's build slots (as many as this build's jobs), held while go compiles and links
+        ``comp``."""
+        paths = [self._lock_path("build-slot" if k == 0 else f"build-slot-{k}") for k in range(self._slots)]
         return hold_any(paths, f"a build slot for {comp.key} (builds by other processes)", comp.key, self.log,
                         lambda holders: f"every build slot of this cache is in use ({'; '.join(holders)}); "
-                                        f"{comp.key} compiles after one of them")
+                                        f"{comp.key} compiles after one of them", stop=self._stopping)
 
-    def _kill_running(self) -> None:
+    def _stop(self) -> None:
+        """Stop every build of this process: nothing new starts (a wait for a lock or a slot ends), and the go
+        commands running now are killed with their compilers."""
+        self._stopping.set()
         with _RUNNING_LOCK:
             procs = list(_RUNNING)
         for proc in procs:
@@ -257,7 +272,8 @@ class Toolchain:
         """flock ``path``; while another process holds it, a progress line every WAIT_PROGRESS_S naming the holder
         (the lock file says who: pid, what, since when); the wait is counted in WAITS."""
         return hold_any([path], f"the lock {path.name} (a build by another process)", what or path.stem, self.log,
-                        lambda holders: f"{busy} ({holders[0]})" if holders[0] else busy, count=True)
+                        lambda holders: f"{busy} ({holders[0]})" if holders[0] else busy, count=True,
+                        stop=self._stopping)
 
     def _run(self, comp: Component, args: list[str], cwd: Path, logf, what: str, progress: bool = False,
              gotoolchain: str = "local") -> str:
@@ -267,7 +283,12 @@ class Toolchain:
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 preexec_fn=die_with_parent)
         with _RUNNING_LOCK:
-            _RUNNING.add(proc)
+            stopped = self._stopping.is_set()
+            if not stopped:
+                _RUNNING.add(proc)
+        if stopped:                 # the build was stopped while this command started
+            _kill_group(proc)
+            raise BuildError(f"building {comp.module}@{comp.version}: stopped ({what} not run)")
         out: deque[str] = deque(maxlen=200)
         t0 = time.monotonic()
         count = [0]

@@ -2,8 +2,10 @@
 progress line naming the holder while another process has them, and how many builds run at a time."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BadInput
+from .components import BuildError
 from ..wait import until
 
 WAIT_PROGRESS_S = 30.0             # a progress line this often while another process builds what is needed
@@ -25,33 +28,61 @@ _RUNNING_LOCK = threading.Lock()
 WAITS: list[tuple[str, float]] = []
 
 
+MAX_JOBS = 8
+
+
+def check_jobs(jobs, what: str = "-j") -> int:
+    """A number of builds at a time, 1 to MAX_JOBS; BadInput otherwise."""
+    text = str(jobs).strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 2 and 1 <= int(text) <= MAX_JOBS):
+        raise BadInput(f"{what} {str(jobs)[:40]!r}: give a whole number of builds at a time, 1 to {MAX_JOBS}")
+    return int(text)
+
+
 def build_jobs() -> int:
-    """Components built at a time on one cache: DRILLS_BUILD_JOBS, else 2 on a machine of two cores or more.
-    A single go build leaves cores idle (its links, the packages every other one waits for, the downloads) and two
-    builds fill them; each takes longer, the set finishes sooner (figures: benchmarks/bench_toolchain.py)."""
-    raw = os.environ.get("DRILLS_BUILD_JOBS", "").strip()
-    if raw:
-        if not raw.isdigit() or not 1 <= int(raw) <= 8:
-            raise BadInput(f"DRILLS_BUILD_JOBS={raw!r}: give a whole number of builds at a time, 1 to 8")
-        return int(raw)
+    """Components built at a time (and build slots taken on the cache): DRILLS_BUILD_JOBS, else 2 on a machine of
+    two cores or more.  A single go build leaves cores idle (its links, the packages every other one waits for,
+    the downloads) and two builds fill them; each takes longer, the set finishes sooner (figures:
+    benchmarks/bench_toolchain.py)."""
+    raw = os.environ.get("DRILLS_BUILD_JOBS", "")
+    if raw.strip():
+        return check_jobs(raw, "DRILLS_BUILD_JOBS=")
     return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+def _open_lock(path: Path):
+    """The lock file, opened without following a link (a link there is refused: the lock writes who holds it);
+    a lock that is not a regular file, or a cache that cannot be written, is bad input."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        why = "a link (refused)" if e.errno == errno.ELOOP else e.strerror
+        raise BadInput(f"the build lock {path} cannot be used: {why}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BadInput(f"the build lock {path} cannot be used: not a regular file")
+    return os.fdopen(fd, "r+")
 
 
 @contextmanager
 def hold_any(paths: list[Path], wait_name: str, what: str, log: Callable[[str], None],
-             busy: Callable[[list[str]], str], count: bool = False):
+             busy: Callable[[list[str]], str], count: bool = False, stop: threading.Event | None = None):
     """flock one of ``paths`` (the first free one) until the block ends.  While every one is held by another
     process, a progress line every WAIT_PROGRESS_S (``busy(holders)``: each lock file says who holds it: pid,
-    what, since when); ``count``: the wait goes into WAITS under ``what``."""
-    for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    handles = [open(path, "a+") for path in paths]
+    what, since when); ``count``: the wait goes into WAITS under ``what``; ``stop`` set: the wait ends with
+    BuildError (the build was stopped)."""
+    handles = []
     try:
+        for path in paths:
+            handles.append(_open_lock(path))
         t0 = time.monotonic()
         said: list = [None]
         got: list = [None]
 
         def free() -> bool:
+            if stop is not None and stop.is_set():
+                raise BuildError(f"{what}: the build was stopped while it waited ({wait_name})")
             for fh in handles:
                 try:
                     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
