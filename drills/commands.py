@@ -306,6 +306,8 @@ def cmd_upgrade_check(args) -> int:
         # what decides the exit first: a new hazard (exit 1) before what the comparison lacks (no go without it)
         for line in doc.get("new_hazards") or []:
             print(line)
+        if (doc.get("prescription_gate") or {}).get("exit"):     # the answer gates: no on the candidate, exit 1
+            print(f"!! NO GO: {doc['prescription_gate']['why']}")
         for line in doc.get("missing") or []:
             print(f"!! INCOMPLETE: {line}")
         for h in doc.get("headlines") or []:

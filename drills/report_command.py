@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import config, console, inputs, runner
+from . import config, console, inputs, legs, runner
 from .answer import headlines, prevailing
 from .errors import EXIT_INCONCLUSIVE, EXIT_OK, BadInput, combine_exit_codes
 from .evidence import read_judged
@@ -46,17 +46,23 @@ def run(args, log) -> int:
                 print(f"INCOMPLETE: {line}")
         print(merged)
         given = [str(merged)]
-    for d in given:
-        if not is_run_dir(Path(d)):
-            _err(f"report: {d} is not a run folder (no ledger.json): ignored")
+    rowless = [] if args.merge else _rowless(given)      # bad input (2) raised before anything is written
     dirs = [Path(d) for d in given if is_run_dir(Path(d))] if given else None
-    if dirs == []:
-        raise BadInput(f"no run folder (a folder with ledger.json) among {', '.join(map(str, given))}")
     if dirs is not None and not args.merge:
-        code, missing = gate(dirs)          # checked before anything is written: a bad run.json is bad input
+        code, missing = gate(dirs) if dirs else (EXIT_OK, [])   # checked before anything is written
+        # a run that wrote run.json but no ledger.json recorded no row: inconclusive, never a pass
+        code = combine_exit_codes(code, *([EXIT_INCONCLUSIVE] if rowless else []))
+        missing = [f"{d}: the run wrote run.json but no ledger.json: no row recorded" for d in rowless] + missing
         if not args.json:
             for line in missing:
                 print(f"INCOMPLETE: {line}")
+        if not dirs:                        # no rows to report: the gate alone
+            if args.json:
+                print(json.dumps({"headlines": [], "failing_or_hazard": [], "matrix": None, "incomplete": missing,
+                                  "exit": code}, indent=2))
+            else:
+                print("no rows")
+            return code
     html_path, md_path = write_matrix(dirs if dirs is not None and not args.merge else None,
                                       config.reports_dir(), strict=True)
     rows = _report_rows(dirs)
@@ -81,6 +87,25 @@ def run(args, log) -> int:
     return code
 
 
+def _rowless(given: list[str]) -> list[Path]:
+    """The folders given that are runs without rows (run.json, no ledger.json).  Bad input (one line, before
+    anything is written): a folder that is no run folder (neither record), a run.json or ledger.json that is not a
+    file, a run.json that does not read."""
+    out = []
+    for d in map(Path, given):
+        if not d.is_dir():
+            raise BadInput(f"{d}: not a folder, so not a run folder")
+        for name in ("run.json", "ledger.json"):
+            if (d / name).exists() and not (d / name).is_file():
+                raise BadInput(f"{d / name}: not a file: not a run folder drills wrote")
+        if not (d / "ledger.json").exists():
+            if not (d / "run.json").exists():
+                raise BadInput(f"{d}: not a run folder (no run.json and no ledger.json): no run folder to report")
+            legs.read_run_meta(d)           # a run.json that does not read is bad input
+            out.append(d)
+    return out
+
+
 def gate(dirs: list[Path]) -> tuple[int, list[str]]:
     """The exit of the runs that wrote these folders, and what they lack (named leg by leg): a run folder's verdict
     (its rows against their evidence, the gaps of its legs; stopped by a signal: inconclusive), an upgrade check's
@@ -95,11 +120,7 @@ def gate(dirs: list[Path]) -> tuple[int, list[str]]:
         if not (d / "run.json").is_file():       # a folder of the pytest plugin: which legs ran is not recorded
             codes.append(exit_code(read_judged(d)))
             continue
-        code, lacking, _ = runner.verdict(d)
-        stopped = runner.interrupted_by(d)
-        if stopped:
-            code = combine_exit_codes(code, EXIT_INCONCLUSIVE)
-            lacking = [f"the run was interrupted ({stopped})", *lacking]
+        code, lacking, _ = runner.verdict(d)     # a run stopped by a signal: inconclusive, said first
         codes.append(code)
         missing += [f"{d}: {line}" if len(dirs) > 1 else line for line in lacking]
     return combine_exit_codes(*codes), missing

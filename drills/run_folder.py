@@ -35,14 +35,28 @@ def verdict(run_dir: Path, whole: bool = False) -> tuple[int, list[str], list[di
     expected, as in a merge); what is missing is named leg by leg, then each row whose evidence fails."""
     run_dir = Path(run_dir)
     rows = evidence.read_judged(run_dir)
-    gaps = legsmod.coverage(legsmod.read_run_meta(run_dir), rows, whole=whole)
-    lines = [g.text for g in gaps]
+    meta = legsmod.read_run_meta(run_dir)
+    gaps = legsmod.coverage(meta, rows, whole=whole)
+    stopped = interruption(meta)
+    lines = ([stopped] if stopped else []) + [g.text for g in gaps]
     judged = [r for r in rows if r.get("recorded_verdict")]
     lines += [f"{r.get('controller_name') or r.get('controller_version')} {r.get('id') or r.get('assertion')}: "
               f"{r.get('recorded_verdict')} -> inconclusive, {r.get('reason')}" for r in judged[:MISSING_SHOWN]]
     if len(judged) > MISSING_SHOWN:
         lines.append(f"... and {len(judged) - MISSING_SHOWN} more row(s) whose evidence fails (report.md)")
-    return combine_exit_codes(exit_code(rows), *(g.code for g in gaps)), lines, rows
+    return combine_exit_codes(exit_code(rows), *(g.code for g in gaps), *([3] if stopped else [])), lines, rows
+
+
+def interruption(meta: dict) -> str | None:
+    """What a run.json says of a signal that stopped the run (a merge: which shard), None when it ran to its end:
+    its rows are a part, never a pass (inconclusive)."""
+    if not meta.get("interrupted"):
+        return None
+    shards = meta.get("interrupted_shards") if isinstance(meta.get("interrupted_shards"), list) else []
+    which = [f"shard {shown(x.get('folder'))}" + (f" (run {shown(x['run_id'])})" if x.get("run_id") else "")
+             for x in shards if isinstance(x, dict)]
+    return f"the run was interrupted ({shown(str(meta.get('signal') or 'a signal')[:80])}" + \
+        (f"; {', '.join(which)}" if which else "") + ")"
 
 
 MISSING_SHOWN = 20            # rows whose evidence fails, named one by one before "... and N more"
@@ -62,6 +76,9 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
     the merged folder's report (a caller that writes the matrix next, which writes every run's report, says
     False)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    if not run_dirs:
+        raise BadInput("--merge: no run folder given: name the shards' run folders to merge")
+    distinct(run_dirs, "--merge")
     metas = []
     for d in run_dirs:
         meta = legsmod.read_run_meta(Path(d))
@@ -113,10 +130,20 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
             rows += [dict(r, run_id=dest.name, shard_run_id=r.get("shard_run_id") or r.get("run_id"))
                      for r in shard_rows[d]]
         (dest / "ledger.json").write_text(json.dumps(rows, indent=2, default=str))
+        stopped = [(d, m) for d, m in metas if m.get("interrupted")]
+        shard_ids = [m.get("run_id") for _, m in metas]
         (dest / "run.json").write_text(json.dumps({
             "run_id": dest.name, "merged_from": [str(d) for d, _ in metas], "plan_digest": digests.pop(),
             "legs": [leg for _, m in metas for leg in m.get("legs") or []],
-            "all_legs": sorted(planned)}, indent=1))
+            "all_legs": sorted(planned),
+            # the shards' own run ids (a row's shard_run_id is one of them: drills.evidence), when each says one
+            **({"shard_run_ids": shard_ids} if all(isinstance(x, str) and x for x in shard_ids) else {}),
+            # a shard stopped by a signal: the merged run was interrupted too (its verdict: inconclusive)
+            **({"interrupted": True, "signal": ", ".join(sorted({str(m.get("signal") or "a signal")[:80]
+                                                                 for _, m in stopped})),
+                "interrupted_shards": [{"folder": str(d), "run_id": m.get("run_id"),
+                                        "signal": m.get("signal")} for d, m in stopped]} if stopped else {})},
+            indent=1))
         if report:
             write_run_report(dest)
     except BaseException:
@@ -125,6 +152,26 @@ def merge(run_dirs: list[Path], dest: Path | None = None, log: Callable[[str], N
         raise
     link_latest(dest)
     return dest
+
+
+def distinct(run_dirs: list[Path], flag: str) -> None:
+    """Refused (bad input): one folder given twice, or a folder inside another one given (its rows and files would
+    be read twice)."""
+    real: list[tuple[Path, Path]] = []
+    for d in run_dirs:
+        try:
+            r = Path(d).resolve()
+        except (OSError, RuntimeError):
+            continue                     # a folder that cannot be resolved is refused by its own check
+        for other, o in real:
+            if r == o:
+                raise BadInput(f"{flag}: {shown(d)} is given twice (as {shown(other)} too): give each run folder "
+                               f"once")
+            if r.is_relative_to(o) or o.is_relative_to(r):
+                inner, outer = (d, other) if r.is_relative_to(o) else (other, d)
+                raise BadInput(f"{flag}: {shown(inner)} is inside {shown(outer)}, also given: give run folders "
+                               f"that do not hold one another")
+        real.append((Path(d), r))
 
 
 # --- the files of the shards, planned before the first byte is written -----------------------------------------

@@ -58,7 +58,8 @@ EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 LOAD_PREFIX = "load."         # a load figure's assertion: informational, never gates
 INFORMATIONAL_RULE = ("load figures (load.<phase>.<metric>: failed-request ratio and p95 latency through the emulated "
                       "mesh) are informational and never gate the exit: within their noise band (failure ratio "
-                      "{ratio}, p95 {p95}) they are same, outside it changed; every other row gates")
+                      "{ratio}, p95 {p95}) they are same, outside it changed; every other row gates, and so does "
+                      "the answer: the prescription does not hold on the candidate (its headline: no), exit 1")
 
 
 def is_load(assertion: str) -> bool:

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Callable
 
 from . import config, lanes, legs, provenance, runner, upgrade
-from .answer import headline
+from .answer import HOLDS, NO, declared, headline
 from .branches import SourceMapError, find_branches, source_file
 from .controller_binary import ControllerBinaryError, inspect_binary
-from .errors import EXIT_BAD_INPUT, EXIT_INCONCLUSIVE, BadInput
+from .errors import EXIT_BAD_INPUT, EXIT_INCONCLUSIVE, BadInput, combine_exit_codes
 from .evidence import read_judged
-from .ledger import new_run_id
+from .ledger import NOT_APPLICABLE, new_run_id
 from .report import write_matrix, write_run_report
+from .run_folder import distinct, interruption
 from .upgrade_report import UPGRADE_FILE
 from .viewmodel import is_run_dir
 from .toolchain import resolve_controller_versions
@@ -112,7 +113,12 @@ def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[
                        f"{run_dir}")
     changes = upgrade.classify(base, cand)
     missing_sides = [name for name, got in ((sides.baseline, base), (sides.candidate, cand)) if not got]
-    code = upgrade.exit_code(changes, inconclusive_legs + len(gaps) + len(missing_sides))
+    heads = [headline(base, sides.baseline), headline(cand, sides.candidate)]
+    # the gate follows the answer: a candidate on which the prescription does not hold is no go, whichever row
+    # says so (a load figure of AFTER's users included, informational as a change class)
+    answer = prescription_gate(heads[1], cand)
+    code = combine_exit_codes(upgrade.exit_code(changes, inconclusive_legs + len(gaps) + len(missing_sides)),
+                              answer["exit"])
     lacking = upgrade.missing_on_candidate(changes)
     missing = [*gaps, *(f"{name}: no row for lanes {', '.join(lane_keys)}" for name in missing_sides)]
     missing += [f"{r.get('controller_name') or r.get('controller_version')} {r.get('id') or r.get('assertion')}: "
@@ -122,14 +128,16 @@ def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[
         missing.append(f"{len(lacking)} row(s) of the baseline {sides.baseline} missing on the candidate "
                        f"{sides.candidate}: " + ", ".join(str(c.id) for c in lacking[:MISSING_SHOWN])
                        + (f" and {len(lacking) - MISSING_SHOWN} more" if len(lacking) > MISSING_SHOWN else ""))
-    doc = {"headlines": [headline(base, sides.baseline), headline(cand, sides.candidate)],
+    doc = {"headlines": heads,
            "new_hazards": upgrade.hazard_lines(changes), "missing": missing,
            "baseline": sides.baseline, "candidate": sides.candidate, "candidate_sha256": sides.sha256,
            "candidate_binary": str(sides.binary.path) if sides.binary else None,
            "crd_warning": sides.binary.crd_warning if sides.binary else None,
            "lanes": lane_keys, "counts": upgrade.count_classes(changes), "exit": code,
            "gate": "every row but a load figure gates the exit: a regressed row or a new hazard 1, an inconclusive "
-                   "pair, leg or a baseline row the candidate lacks 3",
+                   "pair, leg or a baseline row the candidate lacks 3; and the answer gates: the prescription does "
+                   "not hold on the candidate (its headline: no, whichever row says so, a load figure included) 1",
+           "prescription_gate": answer,
            "informational": upgrade.informational(changes),
            "inconclusive_legs": inconclusive_legs + len(gaps), "sides_without_rows": missing_sides,
            "changes": [c.as_dict() for c in sorted(changes, key=upgrade._sort_key)]}
@@ -140,6 +148,19 @@ def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[
 
 
 MISSING_SHOWN = 20      # ids of missing rows named one by one
+
+
+def prescription_gate(head: dict, rows: list[dict]) -> dict:
+    """What the candidate's headline (``head``, of ``rows``) says for the exit: 1 when the prescription does not
+    hold on it (``no``: a ``holds`` row shows it failing, whatever its assertion, a load figure included), with
+    the ids of those rows; 0 otherwise (an open or unanswered headline is judged by the classes and the coverage)."""
+    if head.get("holds") != NO:
+        return {"holds": head.get("holds"), "exit": 0, "why": None, "rows": []}
+    ids = list(dict.fromkeys(d["id"] for r, d in ((r, declared(r)) for r in rows)
+                             if d["polarity"] == HOLDS and d["shows"] is False and r.get("verdict") != NOT_APPLICABLE))
+    return {"holds": NO, "exit": 1, "rows": ids,
+            "why": f"the prescription does not hold on the candidate {head.get('controller')} "
+                   f"({', '.join(map(str, ids[:MISSING_SHOWN]))}): no go, whatever the change classes say"}
 
 
 def _legs_of(meta: dict, sides: Sides, keys: list[str]) -> list[dict]:
@@ -199,6 +220,7 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
     sides = sides_of(args, log)
     if args.runs:
         dirs = [Path(d) for d in args.runs]
+        distinct(dirs, "--runs")             # one folder twice (or one inside another): its rows would count twice
         bad = [str(d) for d in dirs if not is_run_dir(d)]
         if bad:
             raise BadInput(f"--runs: not a run folder (no ledger.json): {', '.join(bad)}")
@@ -215,6 +237,8 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
                 raise BadInput(f"--runs {d}: a classification of upgrade-check, not a run folder: give the run "
                                f"folders it read ({', '.join(map(str, meta['classified_from']))})")
             mine = _legs_of(meta, sides, keys)
+            stopped = interruption(meta)     # a run stopped by a signal: its rows are a part, never the answer
+            gaps += [f"{d}: {stopped}"] if stopped else []
             gaps += [f"{d}: {g}" for g in _gaps(dict(meta, legs=mine), got)]
             ran |= {x["id"] for x in mine}
             planned |= {x["id"] for x in _legs_of({"legs": [{"id": i} for i in meta.get("all_legs") or []]},

@@ -315,10 +315,12 @@ def test_drills_report_default_and_explicit(tmp_path, monkeypatch, capsys):
     assert out[-2:] == [f"matrix: {reports / 'matrix.html'}", f"        {reports / 'matrix.md'}"], out
     assert "20251129T170000Z-11" in (reports / "matrix.md").read_text()
 
+    # a path given that is no run folder (here a file) is bad input, never ignored: nothing is written
     (reports / "matrix.md").unlink()
     args = parser().parse_args(["report", str(run), str(reports / "matrix.html")])
-    assert args.func(args) == 3
-    assert "20251129T170000Z-11" in (reports / "matrix.md").read_text()
+    with pytest.raises(BadInput, match="not a run folder"):
+        args.func(args)
+    assert not (reports / "matrix.md").exists()
 
 
 def test_drills_report_missing_run_dir_is_bad_input(tmp_path, monkeypatch):

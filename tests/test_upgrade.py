@@ -445,7 +445,8 @@ def _identical_run(tmp_path: Path, run: Path) -> Path:
     recorded run folder copied, its evidence with it)."""
     out = tmp_path / "identical"
     shutil.copytree(run, out)
-    rows = [r for r in read_rows(run / "ledger.json") if r["controller_version"] == "v1.8.2"]
+    # the copy is a run of its own: its rows name its run id (a row naming another run's is another run's evidence)
+    rows = [dict(r, run_id=out.name) for r in read_rows(run / "ledger.json") if r["controller_version"] == "v1.8.2"]
     (out / "ledger.json").write_text(json.dumps(rows + [dict(r, controller_version="v1.8.5") for r in rows]))
     return write_run_json(out)
 
