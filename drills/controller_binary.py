@@ -2,7 +2,8 @@
 
 The binary must be an executable that answers ``--version`` as a rollouts controller does.  It is named by
 what it is, never by a release: the version it reports plus its short commit, ``v1.2.0+<commit>`` (the commit of
-``--source`` when that is a git checkout, else the first 12 characters of the binary's sha256), in plot titles,
+``--source`` when that is a git checkout, else the commit the binary reports -- upstream's Makefile stamps it in:
+``v1.2.0+351efb7`` --, else the first 12 characters of the binary's sha256), in plot titles,
 captions, test ids, leg ids, cluster names and headings alike.  Its CRDs come from ``--crds DIR``,
 else from ``--source DIR`` (the tree's own ``manifests/crds/*-crd.yaml``), else from the release nearest to
 the reported version -- with a warning that says so, which the console and the report show.
@@ -41,7 +42,7 @@ class BinaryInfo:
     crds_dir: Path
     crd_origin: str = CRDS_FROM_FLAG        # --crds | --source | nearest release
     crd_warning: str | None = None
-    commit: str | None = None               # the short commit of --source's git checkout (None: not one)
+    commit: str | None = None               # the short commit it was built from (None: unknown)
 
     @property
     def name(self) -> str:
@@ -68,6 +69,26 @@ def source_crds(source: Path) -> Path | None:
         if crds.is_dir() and list(crds.glob("*-crd.yaml")):
             return crds
     return None
+
+
+REPORTED_COMMIT_RE = re.compile(r"v?\d+\.\d+\.\d+\+([0-9a-f]{7,40})(\.dirty)?")
+
+
+def reported_commit(reported: str) -> str | None:
+    """The commit a controller's version string carries (upstream's ``v1.2.0+351efb7``, ``+351efb7.dirty`` from
+    a dirty tree: ``351efb7-dirty``, as git_commit says it); None for ``+unknown``, a tag or anything else."""
+    m = REPORTED_COMMIT_RE.fullmatch(reported or "")
+    return (m.group(1) + ("-dirty" if m.group(2) else "")) if m else None
+
+
+def built_from(source: Path | None, reported: str) -> str | None:
+    """The commit to name a user-built controller by: ``--source``'s HEAD when that is a git checkout and agrees
+    with the commit the binary reports (if it reports one); else the binary's own; None when neither tells."""
+    own = reported_commit(reported)
+    tree = git_commit(source, short=True) if source is not None else None
+    if tree and (own is None or tree.startswith(own.removesuffix("-dirty"))):
+        return tree
+    return own
 
 
 def nearest_release(version: str | None) -> str:
@@ -131,4 +152,4 @@ def inspect_binary(path: Path, crds: Path | None = None, source: Path | None = N
             raise ControllerBinaryError(f"--crds {crds}: {e}") from None
     return BinaryInfo(path=path, reported=reported, version=version, sha256=sha256_file(path),
                       nearest_release=near, crds_dir=crds, crd_origin=origin, crd_warning=warning,
-                      commit=git_commit(source, short=True) if source is not None else None)
+                      commit=built_from(source, reported))

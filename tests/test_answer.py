@@ -194,6 +194,37 @@ def test_a_user_built_controller_is_named_by_its_version_and_commit_never_a_rele
     assert leg.id == f"v1.2.0+{head}/a/stage" and "v1-7-2" not in runner.cluster_name(leg.label, 2)
 
 
+def test_a_user_built_controller_that_reports_its_commit_is_named_by_it_when_no_checkout_says_otherwise(tmp_path):
+    """Upstream's Makefile stamps the checkout's HEAD into the binary (``v1.2.0+351efb7``): a build from an
+    exported tree (no git) is named by that commit, not by its sha256, which reads like one and is not."""
+    crds = tmp_path / "crds"
+    crds.mkdir()
+    (crds / "rollout-crd.yaml").write_text("kind: CustomResourceDefinition\n")
+    clean = _fake_controller(tmp_path / "clean", "v1.2.0+351efb7")
+    dirty = _fake_controller(tmp_path / "dirty", "v1.2.0+351efb7.dirty")
+    exported = tmp_path / "exported"                     # a source tree out of `git archive`: no .git
+    (exported / "manifests" / "crds").mkdir(parents=True)
+    (exported / "manifests" / "crds" / "rollout-crd.yaml").write_text("kind: CustomResourceDefinition\n")
+    info = inspect_binary(clean, source=exported)
+    assert (info.name, info.commit, info.version) == ("v1.2.0+351efb7", "351efb7", "v1.2.0")
+    assert info.sha256[:12] not in info.name and "v1.7" not in info.name
+    assert inspect_binary(clean, crds=crds).name == "v1.2.0+351efb7"
+    assert inspect_binary(dirty, crds=crds).name == "v1.2.0+351efb7-dirty"
+    # a checkout at another commit than the one the binary reports does not rename it: the binary is what ran
+    git = ["git", "-C", str(exported), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True, timeout=30)
+    subprocess.run(git + ["add", "."], check=True, timeout=30)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True, timeout=30)
+    head = subprocess.run(git[:3] + ["rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+    assert inspect_binary(clean, source=exported).name == "v1.2.0+351efb7"
+    agrees = _fake_controller(tmp_path / "agrees", f"v1.2.0+{head[:7]}")
+    assert inspect_binary(agrees, source=exported).name == f"v1.2.0+{head}"      # the checkout's longer form
+    for says in ("v1.2.0+unknown", "v1.2.0", "v1.2.0+notacommit"):              # nothing to go by: the sha256
+        other = inspect_binary(_fake_controller(tmp_path / says.replace("+", "_"), says), crds=crds)
+        assert other.name == f"v1.2.0+{other.sha256[:12]}", says
+
+
 @pytest.mark.single_version
 def test_a_live_drill_records_the_api_servers_kubernetes_version(kube, tmp_path):
     from drills.kube import new_client

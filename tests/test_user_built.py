@@ -2,7 +2,8 @@
 
 The controller is built as a user's build of a source tree with a stale version file is (upstream's Makefile
 passes ``-X .../utils/version.version=$(cat VERSION)``, 1.2.0 on its main branch): v1.8.2's module with the
-reported version 1.2.0, next to a laid-out source tree holding that module's CRD manifests.
+reported version 1.2.0, next to a laid-out source tree holding that module's CRD manifests; the upgrade check's is
+also stamped with a commit as the Makefile stamps a checkout's HEAD (``v1.2.0+<commit>``).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from drills.toolchain import Toolchain
 from drills.toolchain.build import sha256_file
 
 RELEASE, STALE = "v1.8.2", "1.2.0"
+STAMPED_COMMIT = "5ca1ab1e" * 5         # a stand-in's gitCommit: a release module carries no checkout's HEAD
 
 
 def _drills(*args, env=None):
@@ -121,7 +123,9 @@ def test_upgrade_check_classifies_a_user_built_controller_against_its_baseline(t
     (load figures may move with the machine's load: they are classified, not asserted), and the candidate's rows
     are observations, never failed against the expectations of v1.7.1 (the release its version is nearest)."""
     tc = Toolchain()
-    binary = tc.build_controller_reporting(RELEASE, STALE, tmp_path / "bin")
+    # built as upstream's Makefile builds a checkout (version from VERSION, gitCommit, gitTreeState), next to an
+    # exported tree (no git), as a PR's head is when taken with `git archive`
+    binary = tc.build_controller_reporting(RELEASE, STALE, tmp_path / "bin", commit=STAMPED_COMMIT)
     tree = tc.lay_out_source_tree(RELEASE, tmp_path / "argo-rollouts")
     env = {"DRILLS_REPORTS": str(tmp_path / "reports"), "DRILLS_CLUSTER": f"ub-{os.getpid()}"}
     r = subprocess.run([sys.executable, "-m", "drills", "upgrade-check", "--from", RELEASE, "--to-binary", str(binary),
@@ -129,7 +133,10 @@ def test_upgrade_check_classifies_a_user_built_controller_against_its_baseline(t
                        timeout=1800, env=dict(os.environ, **env), cwd=str(config.project_root()))
     assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-4000:]
     doc = json.loads(r.stdout)
-    name = f"v1.2.0+{sha256_file(binary)[:12]}"           # the laid-out tree is no git checkout: the sha256 prefix
+    name = f"v1.2.0+{STAMPED_COMMIT[:7]}"       # the tree is no git checkout: the commit the binary reports
+    says = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    assert name in says.stdout + says.stderr                 # what the real binary reports, stamped as the Makefile does
+    assert f"+{sha256_file(binary)[:12]}" not in r.stdout + r.stderr          # its sha256 never stands for a commit
     assert (doc["baseline"], doc["candidate"], doc["candidate_sha256"]) == (RELEASE, name, sha256_file(binary))
     assert doc["crd_warning"] is None
     by = {(c["step"], c["assertion"]): c for c in doc["changes"]}

@@ -435,10 +435,12 @@ class Toolchain:
         return dest
 
     # --- user-built controllers (as a user's own build of a source tree would be) ----------------
-    def build_controller_reporting(self, release: str, reported: str, out_dir: Path) -> Path:
+    def build_controller_reporting(self, release: str, reported: str, out_dir: Path,
+                                   commit: str | None = None) -> Path:
         """Build (once, cached) a rollouts-controller from ``release``'s module whose ``--version`` says
-        ``reported``, and copy it into ``out_dir``; returns the copy's path."""
-        comp = user_built_component(release, reported)
+        ``reported`` (stamped with ``commit`` as upstream's Makefile stamps it, when given), and copy it into
+        ``out_dir``; returns the copy's path."""
+        comp = user_built_component(release, reported, commit)
         self.ensure([comp])
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -67,17 +67,23 @@ def rollouts_component(version: str) -> Component:
     )
 
 
-def user_built_component(release: str, reported: str) -> Component:
+def user_built_component(release: str, reported: str, commit: str | None = None) -> Component:
     """A rollouts-controller built from a release's module that reports another version string, as a build
     of a source tree whose version file is stale does (upstream's Makefile passes ``-X
-    .../utils/version.version=$(cat VERSION)``).  Cached apart from the release, under the reported string."""
+    .../utils/version.version=$(cat VERSION)``).  With ``commit`` (40 hex digits) it is stamped as the Makefile
+    stamps a clean checkout's HEAD (``gitCommit``, ``gitTreeState=clean``): it then says ``v1.2.0+<7 of them>``.
+    Cached apart from the release, under the reported string (and the commit)."""
     if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z.+-]*", reported or ""):
         raise ValueError(f"not a version string a controller could report: {reported!r}")
+    if commit is not None and not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise ValueError(f"not a commit (40 hex digits): {commit!r}")
     base = rollouts_component(release)
+    stamp = (f"-X {config.ROLLOUTS_MODULE}/utils/version.gitCommit={commit}",
+             f"-X {config.ROLLOUTS_MODULE}/utils/version.gitTreeState=clean") if commit else ()
     return Component(
-        name=f"rollouts-reporting-{reported}", module=base.module, version=release,
-        binaries={"rollouts-controller": base.binaries["rollouts-controller"]},
-        ldflags=(f"-X {config.ROLLOUTS_MODULE}/utils/version.version={reported}",))
+        name=f"rollouts-reporting-{reported}" + (f"-{commit[:12]}" if commit else ""), module=base.module,
+        version=release, binaries={"rollouts-controller": base.binaries["rollouts-controller"]},
+        ldflags=(f"-X {config.ROLLOUTS_MODULE}/utils/version.version={reported}", *stamp))
 
 
 def base_components() -> list[Component]:
