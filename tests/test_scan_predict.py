@@ -320,3 +320,14 @@ def test_scan_without_a_module_proxy_says_lines_unknown_once_and_on_every_row(tm
     assert t.returncode == 0, t.stderr[-2000:]
     said = [ln for ln in t.stdout.splitlines() if "its source could not be read" in ln]
     assert len(said) == 2 and all("lines unknown" in ln for ln in said), t.stdout
+
+
+@pytest.mark.parametrize("form", ["root", "rollout", "trafficrouting.go"])
+def test_a_source_tree_is_read_from_any_form_source_takes(form):
+    # --source and DRILLS_SOURCE name a tree by its root, its rollout/ folder or its trafficrouting.go (a user-built
+    # controller's legs get the file form)
+    root = module_dir("v1.8.2")
+    given = {"root": root, "rollout": root / "rollout", "trafficrouting.go": root / TR}[form]
+    facts = facts_for("v1.8.2", str(given))
+    assert Path(facts.root) == root
+    assert facts.lines == facts_for("v1.8.2").lines

@@ -250,13 +250,22 @@ def _tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
+def source_root(source: Path) -> Path:
+    """The root of an Argo Rollouts source tree named by its root, its ``rollout/`` folder or its
+    ``rollout/trafficrouting.go`` (the forms ``--source`` and DRILLS_SOURCE take)."""
+    p = Path(source).expanduser()
+    if p.is_file():
+        p = p.parent
+    return p.parent if p.name == "rollout" and (p / "trafficrouting.go").is_file() else p
+
+
 def facts_for(version: str, source: str | None = None, download: bool = True) -> VersionFacts:
     """The facts of a release (its module source) or of a source tree (``source``), computed when asked for and
     remembered under the source files' identity: never frozen before the source exists.  Without a readable
     source the release ranges stand in, ``derived_from`` says why and every line is unknown."""
     if source:
-        return dataclasses.replace(_facts_from_tree(version, str(source), _tree_digest(Path(source))),
-                                   root=str(source))
+        root = source_root(Path(source))
+        return dataclasses.replace(_facts_from_tree(version, str(root), _tree_digest(root)), root=str(root))
     root, why = source_status(version, download)
     if root is not None:
         try:
