@@ -171,6 +171,16 @@ def _fake_controller(folder: Path, says: str) -> Path:
     return f
 
 
+def _commit_tree(tree: Path) -> str:
+    """``tree`` made a git checkout of one commit; its HEAD, as ``git rev-parse --short=12`` gives it."""
+    git = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True, timeout=30)
+    subprocess.run(git + ["add", "."], check=True, timeout=30)
+    subprocess.run(git + ["commit", "-qm", "x"], check=True, timeout=30)
+    return subprocess.run(git[:3] + ["rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+
+
 def test_a_user_built_controller_is_named_by_its_version_and_commit_never_a_release(tmp_path):
     binary = _fake_controller(tmp_path / "bin", "v1.2.0+unknown")
     crds = tmp_path / "crds"
@@ -181,12 +191,7 @@ def test_a_user_built_controller_is_named_by_its_version_and_commit_never_a_rele
     tree = tmp_path / "src"
     (tree / "rollout").mkdir(parents=True)
     (tree / "rollout" / "trafficrouting.go").write_text("package rollout\n")
-    git = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(git[:3] + ["init", "-q"], check=True, timeout=30)
-    subprocess.run(git + ["add", "."], check=True, timeout=30)
-    subprocess.run(git + ["commit", "-qm", "x"], check=True, timeout=30)
-    head = subprocess.run(git[:3] + ["rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                          timeout=30).stdout.strip()
+    head = _commit_tree(tree)
     assert inspect_binary(binary, crds=crds, source=tree).name == f"v1.2.0+{head}"
     # the leg ids and the cluster name of an upgrade-check follow that name
     from drills import legs, runner
@@ -211,12 +216,7 @@ def test_a_user_built_controller_that_reports_its_commit_is_named_by_it_when_no_
     assert inspect_binary(clean, crds=crds).name == "v1.2.0+351efb7"
     assert inspect_binary(dirty, crds=crds).name == "v1.2.0+351efb7-dirty"
     # a checkout at another commit than the one the binary reports does not rename it: the binary is what ran
-    git = ["git", "-C", str(exported), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(git[:3] + ["init", "-q"], check=True, timeout=30)
-    subprocess.run(git + ["add", "."], check=True, timeout=30)
-    subprocess.run(git + ["commit", "-qm", "x"], check=True, timeout=30)
-    head = subprocess.run(git[:3] + ["rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                          timeout=30).stdout.strip()
+    head = _commit_tree(exported)
     assert inspect_binary(clean, source=exported).name == "v1.2.0+351efb7"
     agrees = _fake_controller(tmp_path / "agrees", f"v1.2.0+{head[:7]}")
     assert inspect_binary(agrees, source=exported).name == f"v1.2.0+{head}"      # the checkout's longer form
