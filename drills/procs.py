@@ -130,6 +130,11 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def now_ticks() -> int:
+    """Now, in the unit of ``start_time`` (clock ticks since boot)."""
+    return int(float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK"))
+
+
 def identity(pid: int) -> dict:
     """What to record for a process the product just started (it is the product's child, not reaped yet)."""
     return {"pid": pid, "start_time": start_time(pid), "boot_id": boot_id()}

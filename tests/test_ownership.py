@@ -156,6 +156,35 @@ def test_kwokctl_pid_files_naming_someone_elses_process_are_never_acted_on(clust
     assert f"pid {foreign.pid}" in r.stderr
 
 
+def test_a_control_plane_process_kwokctl_started_again_after_the_start_began_is_stopped_older_ones_never(
+        cluster, sleepers):
+    """kwokctl may start a control-plane process again with no record written of it (a revival whose recorder was
+    killed): one started after this cluster's start began, from its private kwokctl folder, named by its pid file,
+    is the cluster's own and `down` stops it; one started before the start began is left alone."""
+    from drills.procs import now_ticks
+    pids = cluster.kwok_dir / "pids"
+    pids.mkdir(parents=True)
+    older = sleepers(cluster.kwok_dir / "bin" / "kube-scheduler")
+    until("a clock tick after the older process started", now_ticks, lambda t: t > start_time(older.pid), timeout=10)
+    began = now_ticks()
+    until("a clock tick after the start began", now_ticks, lambda t: t > began, timeout=10)
+    revived = sleepers(cluster.kwok_dir / "bin" / "kube-controller-manager")
+    (pids / "kube-scheduler.pid").write_text(str(older.pid))
+    (pids / "kube-controller-manager.pid").write_text(str(revived.pid))
+    _state(cluster, [], control_plane={}, began_ticks=began, boot_id=boot_id())
+    r = _down(cluster)
+    assert r.returncode == 0, r.stderr
+    assert revived.wait(20) is not None, "the revived process is the cluster's own: down stops it"
+    assert older.poll() is None and f"pid {older.pid}" in r.stderr, r.stderr
+    # a state from another boot proves nothing
+    again = sleepers(cluster.kwok_dir / "bin" / "kube-controller-manager")
+    (cluster.folder / "logs").mkdir(parents=True, exist_ok=True)
+    pids.mkdir(parents=True, exist_ok=True)
+    (pids / "kube-controller-manager.pid").write_text(str(again.pid))
+    _state(cluster, [], control_plane={}, began_ticks=began, boot_id="another-boot")
+    assert _down(cluster).returncode == 0 and again.poll() is None
+
+
 def test_a_reused_pid_is_not_proven_and_a_record_is_checked_again_before_sigkill(sleepers, tmp_path):
     p = sleepers(tmp_path / "mark")
     rec = identity(p.pid)

@@ -20,7 +20,7 @@ import yaml
 
 from .. import config
 from ..names import is_plain_name, plain_name
-from ..procs import (die_with_parent, free_port, listening_ports_of, pid_alive, port_in_use, proven, run_bounded,
+from ..procs import (boot_id, die_with_parent, free_port, listening_ports_of, now_ticks, pid_alive, port_in_use, proven, run_bounded,
                      terminate_proven)
 from ..toolchain import Toolchain, check_built, components_for
 from ..wait import WaitTimeout, until
@@ -239,6 +239,7 @@ class EmbeddedCluster(ClusterState):
                 crd_warning=None):
         from ..toolchain.build import sha256_file
         clock = PhaseClock()
+        began = now_ticks()
         if self.folder.exists():
             shutil.rmtree(self.folder)
         (self.folder / "logs").mkdir(parents=True)
@@ -248,7 +249,9 @@ class EmbeddedCluster(ClusterState):
                     "controller_binary": None, "processes": [],
                     "nearest_release": version if user_built else None, "crd_source": str(crds_dir),
                     "crd_warning": crd_warning,
-                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                    "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    # a control-plane process started since, from this cluster's private folder, is ours
+                    "began_ticks": began, "boot_id": boot_id()})
         ports = reserve_ports(config.clusters_dir(), self.name, 6, lambda picked: self._update(
             control_plane_ports=picked[:5] + [api_port or picked[5]]))
         kc = kwokctl_configuration(self.tc, self.folder, ports[:5], api_port or ports[5])
@@ -448,8 +451,10 @@ class EmbeddedCluster(ClusterState):
             self.log(f"cluster: {e}")
         left = self.own_processes()
         if left:
+            why = {pid: name for name, (pid, _) in control.items()}
             self.log(f"cluster: left running, not proven to be started by drills for {self.name} (never "
-                     f"signalled): pid {', '.join(map(str, left[:10]))}")
+                     f"signalled): " + ", ".join(f"pid {pid}" + (f" ({why[pid]}: no record of it at its start)"
+                                                                  if pid in why else "") for pid in left[:10]))
         if self.folder.exists():
             shutil.rmtree(self.folder, ignore_errors=True)
         self.usage.tidy()                         # the folder of markers, when none is left

@@ -18,7 +18,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..procs import cmdline, identity, is_pid, pid_alive, proven, start_time
+from ..procs import boot_id, cmdline, identity, is_pid, pid_alive, proven, start_time
 from .errors import ClusterStateError
 
 MAX_STATE_BYTES = 4 << 20
@@ -184,12 +184,21 @@ class ClusterState:
         return out
 
     def control_plane(self) -> dict[str, tuple[int, dict | None]]:
-        """name -> (pid of kwokctl's pid file, the record that proves it is ours or None)."""
-        records = self.control_plane_records()
+        """name -> (pid of kwokctl's pid file, the record that proves it is ours or None).  A process with no
+        record of its start (kwokctl started it again: a revival whose recorder was killed, a pid file written
+        after the recorder looked) is ours too when it started after this cluster's start began, on this boot,
+        and runs from this cluster's private kwokctl folder, whose pid file names it."""
+        st = self.state()
+        records = self.control_plane_records(st)
+        began, boot = st.get("began_ticks"), st.get("boot_id")
         out = {}
         for name, pid in self._kwok_pids().items():
             rec = records.get(name)
-            out[name] = (pid, rec if rec and rec.get("pid") == pid and proven(rec, self.kwok_marks()) else None)
+            rec = rec if rec and rec.get("pid") == pid and proven(rec, self.kwok_marks()) else None
+            if rec is None and isinstance(began, int) and not isinstance(began, bool) and boot == boot_id() \
+                    and (start_time(pid) or -1) >= began and pid_alive(pid) and self._names_kwok_dir(pid):
+                rec = identity(pid)
+            out[name] = (pid, rec)
         return out
 
     def drop_unproven_pid_files(self) -> None:
