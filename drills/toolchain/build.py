@@ -49,6 +49,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 # no symbol table or DWARF in the built binaries: nothing here debugs them, and the linker then writes less for
 # the large Kubernetes and Argo Rollouts binaries (figures: benchmarks/bench_toolchain.py)
 LINK_FLAGS = ("-s", "-w")
+# how long a stopped build waits for its threads before the signal goes on
+STOP_JOIN_S = 10.0
 
 
 def _build_groups(binaries: dict[str, str]) -> list[tuple[str, list[str]]]:
@@ -229,8 +231,11 @@ class Toolchain:
             with qlock:              # build waiting for a lock or a slot starts nothing
                 queue.clear()
             self._stop()
+            # the builds end at once (their go commands are killed, their waits stop); a download that is not a
+            # go command of ours (a module's source) is not waited for: it dies with this process
+            deadline = time.monotonic() + STOP_JOIN_S
             for t in threads:
-                t.join(60)
+                t.join(max(0.0, deadline - time.monotonic()))
             raise
         if errors:
             raise errors[0]
