@@ -101,7 +101,10 @@ def test_actions_match_the_plugin(kube, cluster, namespace, controller_version):
     # restart
     p.ro.restart("by-drills")
     p.plugin_run("restart", "by-plugin")
-    a, b = p.settle(Predicate("restartAt set", lambda o: bool(o["spec"].get("restartAt"))))
+    # the restart is done when the controller has restarted every pod (status.restartedAt catches up with
+    # spec.restartAt) and the Rollout is Healthy again: compared before that, one may still be Progressing
+    a, b = p.settle(Predicate("restart done, Healthy", lambda o: bool(o["spec"].get("restartAt")) and
+                              (o.get("status") or {}).get("restartedAt") == o["spec"]["restartAt"] and healthy()(o)))
     assert a == b and a["restartAt"] is True
 
     # undo (to the previous revision: v1); ReplicaSets compared by creation time at 1 s precision
