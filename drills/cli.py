@@ -163,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds the rollback may take to settle (default: scaled with the shape); when it runs "
                          "out the probe is inconclusive (exit 3) with its evidence")
     pr.add_argument("--expect", type=int, default=None, help="exit 1 unless the peak equals this weight")
+    pr.add_argument("--scale-out", type=int, default=None, metavar="N",
+                    help="once the rollback's weight decision is on record, scale the Rollout to N replicas through "
+                         "its scale subresource (as an autoscaler does) while the revived pods are held, and report "
+                         "what the controller did with the revived ReplicaSet's size and the weight")
     pr.add_argument("--keep-namespace", action="store_true")
     pr.add_argument("--json", action="store_true")
     _output(pr)

@@ -43,7 +43,7 @@ from .upgrade import changes_table
 from .upgrade_check import UPGRADE_FILE, upgrade_check, user_binary
 from .watchdog import Watchdog, cluster_processes, processes_alive
 
-MAX_PROBE_REPLICAS = 100
+MAX_PROBE_REPLICAS = 500       # the fleet's largest autoscaler maximum (360) with room; fake nodes hold them
 DEFAULT_LIVE_B_S = 3600.0       # how long live lane B waits for the next deploy by default
 MAX_HOLD_SECONDS = 600.0
 
@@ -339,6 +339,11 @@ def _probe_spec(args) -> RolloutSpec:
     if args.rollback_timeout is not None and not (math.isfinite(args.rollback_timeout) and
                                                   0 < args.rollback_timeout <= 24 * 3600):
         raise BadInput(f"--rollback-timeout {args.rollback_timeout}: give seconds in (0, 86400]")
+    if args.scale_out is not None and not args.replicas < args.scale_out <= MAX_PROBE_REPLICAS:
+        raise BadInput(f"--scale-out {args.scale_out}: give more replicas than --replicas ({args.replicas}), at most "
+                       f"{MAX_PROBE_REPLICAS}")
+    if args.scale_out is not None and args.availability_control != "on":
+        raise BadInput("--scale-out needs --availability-control on: the revived pods are held while it scales")
     if args.expect is not None and not 0 <= args.expect <= 100:
         raise BadInput(f"--expect {args.expect}: a canary weight is 0..100")
     return RolloutSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
@@ -372,7 +377,7 @@ def cmd_probe(args) -> int:
             with Watchdog(guard, [processes_alive(cluster_processes(st))]):
                 obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=st.get("audit_log"),
                                    release=args.release, rollback_timeout=args.rollback_timeout,
-                                   controller_log=controller_log_of(st))
+                                   controller_log=controller_log_of(st), scale_out_to=args.scale_out)
         except Interrupted as e:
             err(f"probe {e}; its namespace {ns} is removed; evidence so far: {out_dir}")
             return EXIT_INCONCLUSIVE
@@ -383,7 +388,8 @@ def cmd_probe(args) -> int:
     reason = obs.inconclusive_reason()
     if args.json:
         print(json.dumps(dict(observation_dict(obs, version, args.routing), inconclusive_reason=reason,
-                              steps=args.steps, steps_list=spec.steps), indent=2))
+                              steps=args.steps, steps_list=spec.steps, scale_out=obs.extra.get("scale_out")),
+                         indent=2))
     else:
         shown = steps_text(spec.steps) if spec.steps else ""
         print(f"controller {version}, routing {args.routing}, steps [{shown}], replicas {args.replicas}, "
@@ -393,6 +399,8 @@ def cmd_probe(args) -> int:
         print(f"  canary weight series [t, weight]: {obs.canary_weights}")
         print(f"  exposure: {obs.exposure_seconds:.1f}s; inside rollbackWindow: {obs.rollback_in_window} "
               f"({'; '.join(obs.window_evidence) or 'no evidence'})")
+        if obs.extra.get("scale_out"):
+            print(f"  scale-out while partial: {obs.extra['scale_out']['said']}")
         print(f"  {'timeline' if obs.series else 'evidence'}: {obs.timeline}")
         if reason:
             print(f"  INCONCLUSIVE: {reason}")

@@ -36,11 +36,14 @@ EVENT_WITHIN_S = 30.0
 
 def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, controller_version: str, journal=None,
               log=None, audit_log: Path | None = None, release: str = AFTER_WINDOW,
-              rollback_timeout: float | None = None, controller_log: Path | None = None
-              ) -> tuple[Observation, DrillRollout]:
+              rollback_timeout: float | None = None, controller_log: Path | None = None,
+              scale_out_to: int | None = None) -> tuple[Observation, DrillRollout]:
     """One probe; the observation is inconclusive (``stopped_early``) when a wait ran out.  ``rollback_timeout``:
     seconds the rollback may take to settle (default: scaled with the shape, DrillRollout.settle_timeout);
-    ``controller_log``: the embedded controller's log (``controller_log_of``), read for its word on the window."""
+    ``controller_log``: the embedded controller's log (``controller_log_of``), read for its word on the window;
+    ``scale_out_to``: once the weight decision is on record, the Rollout is scaled to that many replicas through
+    its scale subresource (as an autoscaler does) while the revived pods are still held, and what the controller
+    did is in the observation's ``extra["scale_out"]``."""
     drill = DrillRollout(api, namespace, spec, evidence_dir, journal=journal, log=log,
                          controller_version=controller_version, audit_log=audit_log, controller_log=controller_log)
     try:
@@ -65,9 +68,16 @@ def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, contro
         budget = rollback_timeout or drill.settle_timeout()
         deadline = time.monotonic() + budget
         stopped = None
+        extra: dict = {}
         try:
-            if release == AFTER_WINDOW and spec.availability_control:
+            if scale_out_to is not None:
                 wait_window_decided(drill, budget)
+                extra["scale_out"] = scale_out(drill, scale_out_to)
+                budget += drill.settle_timeout()
+                deadline = time.monotonic() + drill.settle_timeout()
+            if release == AFTER_WINDOW and spec.availability_control:
+                if scale_out_to is None:
+                    wait_window_decided(drill, budget)
                 release_rest(drill)
             drill.wait_settled(max(1.0, deadline - time.monotonic()))
             wait_window_evidence(drill)
@@ -75,7 +85,9 @@ def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, contro
             stopped = f"the rollback did not settle within {budget:g}s: {e}"
             drill.log(f"probe: {stopped}; the evidence so far is kept")
         drill.release_holds()
-        return rec.finish(stopped_early=stopped), drill
+        obs = rec.finish(extra=extra or None, stopped_early=stopped)
+        obs.extra.update(extra)
+        return obs, drill
     finally:
         drill.cleanup()
 
@@ -129,6 +141,54 @@ def wait_window_decided(drill: DrillRollout, timeout: float) -> timeline.Derived
 def _so_far(d: timeline.Derived, revived: str | None) -> str:
     last = [[round(t - d.t0, 2), *x] for t, *x in d.replicasets.get(revived, [])[-1:]]
     return f"canary weights {[w for _, w in d.canary_weight]}, revived ReplicaSet [t, spec, ready, available] {last}"
+
+
+# --- a scale-out while the revived ReplicaSet is partial ------------------------------------------------------
+SCALE_OUT_OBSERVE_S = 30.0      # after the controller resized the revived ReplicaSet: the weights it writes then
+
+
+def scale_out(drill: DrillRollout, to: int) -> dict:
+    """Scale the Rollout to ``to`` replicas through its scale subresource (what an autoscaler writes) while the
+    revived pods are held, wait until the controller resizes the revived ReplicaSet (named wait, bounded), watch
+    the weights it writes for SCALE_OUT_OBSERVE_S more, and say what it did: the revived ReplicaSet's size before
+    and after, the weights written after the scale-out, and whether a weight rose above the share of the traffic
+    the available revived pods can carry (100 x available / replicas)."""
+    revived = drill.hash_v1
+    before = drill.recording.derive()
+    rs_before = before.replicasets.get(revived, [])
+    spec_before = rs_before[-1][1] if rs_before else None
+    frm = drill.spec.replicas
+    drill.log(f"probe: scale the Rollout {frm} -> {to} through its scale subresource while the revived pods are held")
+    drill.recording.mark("scale-out", response=drill.ro.scale(drill.name, to), replicas=to)
+
+    def after(d: timeline.Derived) -> tuple[float, list, list]:
+        t_mark = next((t for t, name in d.markers if name == "scale-out"), math.inf)
+        return (t_mark, [x for x in d.replicasets.get(revived, []) if x[0] >= t_mark],
+                [x for x in d.canary_weight if x[0] >= t_mark])
+    resized = True
+    try:
+        drill.recording.wait(f"the controller to resize the revived ReplicaSet {revived} after the scale-out",
+                             lambda d: any(spec != spec_before for _, spec, _r, _a in after(d)[1]),
+                             drill.deploy_timeout(), describe=lambda d: _so_far(d, revived))
+    except WaitTimeout:
+        resized = False
+    drill.observe_for(SCALE_OUT_OBSERVE_S, "the weights the controller writes after the scale-out")
+    d = drill.recording.derive()
+    t_mark, rs_after, weights = after(d)
+    last = rs_after[-1] if rs_after else (rs_before[-1] if rs_before else None)
+    available = last[3] if last else 0
+    share = round(100.0 * available / to, 2)
+    above = [[round(t - t_mark, 2), w] for t, w in weights if w > share]
+    return {"from": frm, "to": to, "at": round(t_mark - d.t0, 2) if math.isfinite(t_mark) else None,
+            "revived_spec_before": spec_before, "revived_spec_after": last[1] if last else None,
+            "revived_resized": resized, "revived_available": available,
+            "weights_after": [[round(t - t_mark, 2), w] for t, w in weights],
+            "share_of_available_pods": share, "weights_above_share": above,
+            "said": (f"the controller {'resized' if resized else 'did not resize'} the revived ReplicaSet "
+                     f"({spec_before} -> {last[1] if last else None}) and wrote "
+                     f"{'weights ' + str([w for _, w in weights]) if weights else 'no weight'} after the scale-out "
+                     f"{frm} -> {to}; {available} revived pods available carry {share}% of the traffic at most"
+                     + (f"; weights above that: {[w for _, w in above]}" if above else ""))}
 
 
 def release_rest(drill: DrillRollout) -> None:
