@@ -13,6 +13,9 @@ assertion names that version's own lines (drills.branches, read from its source,
 (c) hazard: the prescription [5, pause 10s] plus replicaProgressThreshold {type: Pods, value: 1}, roll back
     inside the window -> the weight while partial, against the last rung (5); not applicable where the
     version's Rollout CRD lacks the field.
+(d) scale-out: the prescription [5, pause 10s], replicas 4, a rollback inside the window, then the Rollout scaled
+    to 8 through its scale subresource while the revived pods are held (what an autoscaler does) -> the weight
+    while partial against the last rung (5), and what the controller did with the revived ReplicaSet's size.
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ from ..answer import condition_of
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..config import version_tuple
 from ..kit import REASON_INCOMPLETE, DrillRollout, Observation
+from ..probe import release_rest, wait_window_decided
+from ..probe import scale_out as scale_out_while_held
 from ..ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, finite_number
 from ..rollout import Predicate, healthy, paused
 from ..shapes import RolloutSpec
@@ -34,9 +39,11 @@ from ..wait import WaitTimeout
 from .base import LaneContext, Runbook, step
 
 STEP_END, STEP_MID, STEP_HAZARD = "end-of-steps", "mid-steps", "hazard-replica-progress-threshold"
+STEP_SCALE_OUT = "scale-out-while-partial"
 APP_LABEL = "app.kubernetes.io/name"
 # the matrix's branch-order section: column label -> the step it is read from
-ORDER_COLUMNS = (("before end-of-steps", STEP_END), ("before mid-steps", STEP_MID), ("hazards", STEP_HAZARD))
+ORDER_COLUMNS = (("before end-of-steps", STEP_END), ("before mid-steps", STEP_MID), ("hazards", STEP_HAZARD),
+                 ("scale-out while partial", STEP_SCALE_OUT))
 
 
 def spec_of(fx: dict) -> RolloutSpec:
@@ -295,6 +302,47 @@ class LaneOrder(Runbook):
             partial_window_observed=obs.partial_window_observed, window_evidence=obs.window_evidence,
             weights_while_partial=obs.weights_while_partial, series=Path(obs.series).name,
             series_text=obs.describe(), revived_replicaset=obs.revived_hash, **self._lines())
+
+    # --- (d) a scale-out while the revived ReplicaSet is partial ---------------------------------------------
+    @step()
+    def scale_out(self) -> dict:
+        """The prescription, a rollback inside the window, and the Rollout scaled out through its scale
+        subresource while the revived pods are held: the weight while partial, before and after, against the last
+        rung; the row says what the controller did with the revived ReplicaSet's size and the weight."""
+        fx = self.fx["scale_out"]
+        d = self.drill("scale_out")
+        last_rung = last_set_weight(d.spec.steps)
+        exp = self.expected("scale_out") or {}
+        d.deploy_v1()
+        d.deploy_v2()
+        d.wait_scaled_to_zero(d.hash_v1)
+        rec = d.start_rollback(f"order-{STEP_SCALE_OUT}")
+        stopped, did = None, {}
+        try:
+            wait_window_decided(d, d.settle_timeout())
+            did = scale_out_while_held(d, fx["scale_out_to"])
+            release_rest(d)
+            d.wait_settled()
+        except WaitTimeout as e:
+            stopped = f"the rollback with its scale-out did not settle: {e}"
+        d.release_holds()
+        obs = rec.finish(extra={"scale_out": did}, stopped_early=stopped)
+        if not did.get("revived_resized") and not stopped:
+            stopped = "the controller never resized the revived ReplicaSet after the scale-out: nothing was observed"
+        verdict, reason = obs.verdict(exp.get("expected"), self.no_expectation)
+        if stopped and verdict != INCONCLUSIVE:
+            verdict, reason = INCONCLUSIVE, stopped
+        peak = obs.peak_canary_weight_while_partial
+        return self.row(
+            STEP_SCALE_OUT, f"a scale-out {d.spec.replicas} -> {fx['scale_out_to']} through the scale subresource "
+            f"while the revived ReplicaSet is partial: the weight stays at the last rung ({last_rung})",
+            exp.get("expected"), peak, verdict, evidence=obs.timeline, reason=reason, key="peak-weight",
+            polarity=HOLDS, shows=None if peak is None else peak <= last_rung, last_rung=last_rung,
+            steps=steps_text(d.spec.steps), replicas=d.spec.replicas, scaled_to=fx["scale_out_to"],
+            controller_did=did.get("said"), scale_out=did,
+            partial_window_observed=obs.partial_window_observed, window_evidence=obs.window_evidence,
+            weights_while_partial=obs.weights_while_partial, series=Path(obs.series).name,
+            series_text=obs.describe(), revived_replicaset=obs.revived_hash)
 
     # --- the matrix -------------------------------------------------------------------------------------
     @classmethod

@@ -3,6 +3,8 @@
 (a) end-of-steps: [5, pause 10s, 50], roll back inside rollbackWindow -> 50 while partial (100 = end-of-steps first)
 (b) mid-steps: replicas 4, [25, pause 10s, 75, pause], new pods held -> 25 while short at 75 (75 = mid-steps first)
 (c) hazard: [5, pause 10s] + replicaProgressThreshold {Pods, 1}: the weight while partial against the last rung.
+(d) scale-out: [5, pause 10s], replicas 4 scaled to 8 through the scale subresource while the revived pods are
+    held: the weight while partial against the last rung, and what the controller did.
 """
 import pytest
 
@@ -49,3 +51,10 @@ def test_replica_progress_threshold_rollback_outcome_is_recorded(lane):
         assert row["observed"] == upstream, (
             f"{lane.ctx.version}: with replicaProgressThreshold the peak weight while partial was {row['observed']}, "
             f"fixtures/lanes/order/expectations.yaml says {upstream}; {row['details'].get('series_text')}")
+
+
+def test_scale_out_while_partial_keeps_the_last_rung_and_says_what_the_controller_did(lane):
+    row = lane.expect(lane.scale_out())
+    did = row["details"]["scale_out"]
+    assert did["revived_resized"] and did["revived_spec_after"] == did["to"] == 8, did
+    assert row["details"]["controller_did"].startswith("the controller resized the revived ReplicaSet"), row
