@@ -261,7 +261,8 @@ def table(records: list[Record], inventory: list | None = None, verification: li
     out.append("")
     out.append(f"{s['rollouts']} Rollouts, {s['exposed']} exposed, {s['lint_errors']} with lint errors")
     if s["autoscaled"]:
-        out.append(f"  autoscaled: {s['autoscaled']} Rollouts, {s['exposed_at_max']} exposed at their maxReplicas"
+        at_max = sum(r.exposed_at_max for r in records if r.ro.autoscalers)
+        out.append(f"  autoscaled: {s['autoscaled']} Rollouts, {at_max} exposed at their maxReplicas"
                    + (f", {s['autoscaler_conflicts']} with conflicting autoscalers" if s["autoscaler_conflicts"] else "")
                    + (f", {len(unjoined)} autoscaler(s) unjoined" if unjoined else ""))
     if s["controller_unknown"]:
