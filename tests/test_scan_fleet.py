@@ -134,3 +134,24 @@ def test_one_render_predicted_on_several_versions():
     assert got[("notifier", "v1.8.5")]["wave"] == "1" and got[("notifier", "v1.8.2")]["wave"] == "-"
     assert got[("checkout", "v1.8.2")]["pods_carrying"] == 2 and got[("checkout", "v1.8.5")]["pods_carrying"] == 1
     assert list(out["summary"]["by_version"]) == ["v1.8.2", "v1.8.5"]
+
+
+def test_the_autoscaled_component_is_predicted_at_min_and_max():
+    """orders: prod on KEDA (min 10, max 360, replicas 20), stage on an autoscaling/v2 HPA (minReplicas left to its
+    default 1, max 10, replicas 3), both rendered from the chart's own template.  Prod's window is closed at 10 and
+    20 and open at 360, where the remaining rung 5 lands on the 4 pods the first rung sized."""
+    out = scan_json("--fleet", str(FLEET), "--env", "stage,prod")
+    got = {x["origin"]["env"]: x for x in out["rollouts"] if x["name"] == "orders"}
+    prod, stage = got["prod"], got["stage"]
+    assert (prod["autoscaler"]["kind"], prod["min_replicas"], prod["max_replicas"], prod["replicas"]) == \
+        ("ScaledObject", 10, 360, 20)
+    assert (prod["exposed"], prod["exposed_at_min"], prod["exposed_at_max"]) == (False, False, True)
+    assert (prod["close_at_max"]["rung_at_most"], prod["close_at_max"]["min_pods_at_least"]) == (1.11, 18)
+    assert prod["steps_file"] == "fixtures/fleet/service/orders/values/values.yaml"
+    assert (stage["autoscaler"]["kind"], stage["min_replicas"], stage["max_replicas"]) == \
+        ("HorizontalPodAutoscaler", 1, 10)
+    assert stage["autoscaler"]["defaulted"] == ["minReplicas 1 by default"] and not stage["exposed_at_max"]
+    assert out["autoscalers_unjoined"] == [] and out["summary"]["autoscaled"] == 2
+    # the exposure at the maximum fails the default gate on its own
+    assert drills("scan", "--fleet", str(FLEET), "--app", "orders", "--env", "prod").returncode == 1
+    assert drills("scan", "--fleet", str(FLEET), "--app", "orders", "--env", "stage").returncode == 0
