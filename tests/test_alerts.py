@@ -94,7 +94,7 @@ def test_promtool_checks_and_unit_tests_the_rules_of_every_fleet_rollout(capsys,
     code, text, err = alerts(capsys, "--fleet", config.fixtures_dir() / "fleet", "--env", env)
     assert code == 0, err
     doc = yaml.safe_load(text)
-    assert len(doc["groups"]) == 5 and all(any(r["alert"] == STUCK for r in g["rules"]) for g in doc["groups"])
+    assert len(doc["groups"]) == 6 and all(any(r["alert"] == STUCK for r in g["rules"]) for g in doc["groups"])
     (tmp_path / "rules.yaml").write_text(text)
     rc, out = promtool.check_rules(tmp_path / "rules.yaml")
     assert rc == 0, out
@@ -195,7 +195,7 @@ def test_a_rollout_read_twice_with_other_sizes_gets_the_longest_ramp(capsys):
     code, text, err = alerts(capsys, "--fleet", config.fixtures_dir() / "fleet")
     assert code == 0 and "read 2 times with different sizes" in err
     doc = yaml.safe_load(text)
-    assert len(doc["groups"]) == 5                                 # one group per namespace/name
+    assert len(doc["groups"]) == 6                                 # one group per namespace/name
 
 
 # --- the stand-in's page ----------------------------------------------------------------------------------

@@ -169,7 +169,7 @@ def test_installed_drills_works_from_an_empty_folder_and_writes_only_there(venv,
     fleet = Path(version["data"]) / "fleet"
     report_only = ["--fail-on", "none", "--json"]          # the fleet has exposed Rollouts: report, do not gate
     scan = json.loads(run([bin_ / "drills", "scan", "--fleet", fleet, *report_only], work, env).stdout)
-    assert len(scan["rollouts"]) == 10 and scan["summary"]["exposed"] == 4
+    assert len(scan["rollouts"]) == 12 and scan["summary"]["exposed"] == 4
     assert {r["origin"]["base_chart"] for r in scan["rollouts"]} == {"3.0.13"}
     for given in ([], ["fixtures/fleet"]):         # --fleet alone, and the README's fixtures/fleet: the built-in one
         same = json.loads(run([bin_ / "drills", "scan", "--fleet", *given, *report_only], work, env).stdout)
@@ -270,7 +270,7 @@ def test_the_wheel_works_on_every_other_python_claimed(minor, wheel, source, col
     lanes = json.loads(run([drills_, "lanes", "--json"], work, env).stdout)
     assert [x["key"] for x in lanes] == [x.key for x in drills_lanes.BUILTIN] and all(x["versions"] for x in lanes)
     scan = json.loads(run([drills_, "scan", "--fleet", "--fail-on", "none", "--json"], work, env).stdout)
-    assert len(scan["rollouts"]) == 10 and scan["summary"]["exposed"] == 4
+    assert len(scan["rollouts"]) == 12 and scan["summary"]["exposed"] == 4
     assert package_files(v) == before
     assert {p.relative_to(work).parts[0] for p in work.rglob("*")} <= {"reports"}
 

@@ -50,7 +50,7 @@ def test_stage_and_prod_list_every_rollout_with_its_prediction(tmp_path):
                 for key, obj in r.objects.items():
                     if key.startswith("Rollout/"):
                         want[(env, app.name, obj["metadata"]["name"])] = obj["spec"]["strategy"]["canary"]["steps"]
-    assert set(got) == set(want) and len(got) == 10
+    assert set(got) == set(want) and len(got) == 12
     for key, steps in want.items():
         x = got[key]
         assert x["steps"] == steps and x["controller_version"] == config.DEFAULT_CONTROLLER
@@ -63,7 +63,7 @@ def test_stage_and_prod_list_every_rollout_with_its_prediction(tmp_path):
     inheritor = got[("prod", "checkout", "checkout")]
     assert inheritor["steps_file"] == "fixtures/charts/base/3.0.13/values.yaml"
     assert got[("prod", "search", "search")]["steps_file"] == "fixtures/fleet/platform/service-manager/prod/search.yaml"
-    assert out["summary"]["rollouts"] == 10 and set(out["summary"]["by_version"]) == {config.DEFAULT_CONTROLLER}
+    assert out["summary"]["rollouts"] == 12 and set(out["summary"]["by_version"]) == {config.DEFAULT_CONTROLLER}
 
 
 def _set_steps(values: Path, steps: list | None) -> None:
@@ -116,11 +116,11 @@ def test_identical_renders_are_deduplicated(fleet_copy):
         (fleet_copy / "apps" / f"{env}.yaml").write_text(stage.replace("-stage\n", f"-{env}\n"))
     out = scan_json("--fleet", str(fleet_copy), "--env", "int,int-1")
     st = out["stats"]
-    assert (st["fleet_apps"], st["fleet_unique_renders"]) == (12, 6)
+    assert (st["fleet_apps"], st["fleet_unique_renders"]) == (14, 7)
     by_env = {}
     for x in out["rollouts"]:
         by_env.setdefault(x["origin"]["env"], []).append((x["name"], x["predicted_peak_weight"], x["rule"]["id"]))
-    assert by_env["int"] == by_env["int-1"] and len(by_env["int"]) == 5
+    assert by_env["int"] == by_env["int-1"] and len(by_env["int"]) == 6
     assert {x["origin"]["application"] for x in out["rollouts"]} >= {"checkout-int", "checkout-int-1"}
 
 
@@ -129,8 +129,29 @@ def test_one_render_predicted_on_several_versions():
     v1.8.2's UpdateHash guard and exposed on v1.8.5, whose UpdateHash only delays the DestinationRule switch."""
     out = scan_json("--fleet", str(FLEET), "--env", "prod", "--controller", "v1.8.2,v1.8.5")
     got = {(x["name"], x["controller_version"]): x for x in out["rollouts"]}
-    assert len(got) == 10 and out["stats"]["fleet_unique_renders"] == 6     # web renders a Deployment
+    assert len(got) == 12 and out["stats"]["fleet_unique_renders"] == 7     # web renders a Deployment
     assert (got[("notifier", "v1.8.2")]["exposed"], got[("notifier", "v1.8.5")]["exposed"]) == (False, True)
     assert got[("notifier", "v1.8.5")]["wave"] == "1" and got[("notifier", "v1.8.2")]["wave"] == "-"
     assert got[("checkout", "v1.8.2")]["pods_carrying"] == 2 and got[("checkout", "v1.8.5")]["pods_carrying"] == 1
     assert list(out["summary"]["by_version"]) == ["v1.8.2", "v1.8.5"]
+
+
+def test_the_autoscaled_component_is_predicted_at_min_and_max():
+    """orders: prod on KEDA (min 10, max 360, replicas 20), stage on an autoscaling/v2 HPA (minReplicas left to its
+    default 1, max 10, replicas 3), both rendered from the chart's own template.  Prod's window is closed at 10 and
+    20 and open at 360, where the remaining rung 5 lands on the 4 pods the first rung sized."""
+    out = scan_json("--fleet", str(FLEET), "--env", "stage,prod")
+    got = {x["origin"]["env"]: x for x in out["rollouts"] if x["name"] == "orders"}
+    prod, stage = got["prod"], got["stage"]
+    assert (prod["autoscaler"]["kind"], prod["min_replicas"], prod["max_replicas"], prod["replicas"]) == \
+        ("ScaledObject", 10, 360, 20)
+    assert (prod["exposed"], prod["exposed_at_min"], prod["exposed_at_max"]) == (False, False, True)
+    assert (prod["close_at_max"]["rung_at_most"], prod["close_at_max"]["min_pods_at_least"]) == (1.11, 18)
+    assert prod["steps_file"] == "fixtures/fleet/service/orders/values/values.yaml"
+    assert (stage["autoscaler"]["kind"], stage["min_replicas"], stage["max_replicas"]) == \
+        ("HorizontalPodAutoscaler", 1, 10)
+    assert stage["autoscaler"]["defaulted"] == ["minReplicas 1 by default"] and not stage["exposed_at_max"]
+    assert out["autoscalers_unjoined"] == [] and out["summary"]["autoscaled"] == 2
+    # the exposure at the maximum fails the default gate on its own
+    assert drills("scan", "--fleet", str(FLEET), "--app", "orders", "--env", "prod").returncode == 1
+    assert drills("scan", "--fleet", str(FLEET), "--app", "orders", "--env", "stage").returncode == 0

@@ -27,6 +27,7 @@ from ..scan.advice import WAVES
 from ..scan.fleet import FleetScan
 from ..scan.records import Record, evaluate, summary, version_order
 from ..scan.sources import facts_for
+from ..scan.autoscalers import join
 from ..scan.verify import Shape, pick, run_shape
 from .base import Runbook, step
 
@@ -70,7 +71,9 @@ class LaneScan(Runbook):
         with Helm() as helm:
             scan = FleetScan(config.fixtures_dir() / self.plan["fleet"], list(self.plan["envs"]), None,
                              self.ctx.version, helm, workers=2)
-            specs = scan.run().rollouts
+            res = scan.run()
+            specs = res.rollouts
+            join(specs, res.autoscalers)
         self.ctx.log(f"scan: {len(specs)} Rollouts in the {self.scope} at {self.ctx.name}")
         cache: dict = {}
         return [evaluate(ro, facts, cache) for ro in specs]

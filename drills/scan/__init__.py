@@ -2,7 +2,8 @@
 
 Modules: model (what a Rollout is to the scan; not drills.shapes.RolloutSpec, which is what a drill deploys),
 yamlstream / readers / fleet / live (inputs: manifests, the fleet layout rendered with helm, live clusters),
-sources (what a controller version does, read from its own source), predict (the rules), advice (lint, safe pod
+autoscalers (HPAs and KEDA ScaledObjects on a Rollout: the join, the predictions at their minimum and
+maximum, what closes the remaining rung at the maximum), sources (what a controller version does, read from its own source), predict (the rules), advice (lint, safe pod
 count, fix wave), records / ci (one record per Rollout, the summary, table, JSON, SARIF, JUnit), verify (a shape
 probed on the real controller; lane ``scan`` in drills.lanes.scan records it), command (what `drills scan` does
 with its arguments; drills.cli owns them).

@@ -7,7 +7,8 @@ Lint (brief §9.5 "guard against regressions"; errors fail ``--fail-on lint``):
   rung (brief: w_last <= 3 x w_first).  A heuristic: the incident's own fix [1, pause, 5, pause] breaks it
   while its first pods carry 5 % of 20 replicas easily, so the exposure prediction, not this ratio, is the
   gate (``--fail-on exposed``).  Pointed at that step.
-- ``above-safe-pod-count`` (warning): spec.replicas above the safe pod count.
+- ``above-safe-pod-count`` (warning): spec.replicas above the safe pod count (an autoscaled Rollout: its
+  autoscaler's maxReplicas).
 - ``invalid-spec`` (error): a step the controller's validation refuses (two of setWeight, pause, experiment and
   analysis in one step, or a step that sets nothing): InvalidSpec, nothing is reconciled.  Pointed at that step.
 - ``crd-pruned-field`` (error): a field the version's CRD does not know where it was put (drills.scan.schema): the
@@ -152,9 +153,12 @@ def lint(ro: ScannedRollout, facts: VersionFacts | None, safe: dict | None = Non
     if facts is None:             # the safe pod count depends on the version's rules
         return out
     safe = safe if safe is not None else safe_pod_count(ro, facts)
-    if safe["safe_pod_count"] is not None and ro.replicas > safe["safe_pod_count"]:
+    sizes = ro.size_range           # autoscaled: the check runs at the maximum the autoscalers allow
+    top = sizes[1] if sizes else ro.replicas
+    if safe["safe_pod_count"] is not None and top > safe["safe_pod_count"]:
         line, file = _at(ro, None)
-        out.append(Finding(ABOVE_SAFE, WARNING, f"replicas {ro.replicas} above the safe pod count "
+        what = f"maxReplicas {top} (its autoscaler's)" if sizes else f"replicas {ro.replicas}"
+        out.append(Finding(ABOVE_SAFE, WARNING, f"{what} above the safe pod count "
                            f"{safe['safe_pod_count']} for the remaining rung {safe['remaining_rung']} "
                            f"({safe['basis']})", None, line, file))
     return out

@@ -208,5 +208,6 @@ def _one(c: ChartInput, values: list[str], controller_version: str, helm: Helm, 
     for ro in part.rollouts:
         _relocate(ro, where)
     res.rollouts += part.rollouts
+    res.autoscalers += part.autoscalers
     res.kinds.update(part.kinds)
     res.unreadable += [_unreadable(e, where, display_path(c.root / CHART_FILE)) for e in part.unreadable]

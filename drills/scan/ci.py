@@ -23,16 +23,22 @@ from urllib.parse import quote
 
 from .. import __version__
 from .advice import ABOVE_SAFE, CRD_PRUNED, CRD_REJECTED, ERROR, FINAL_100, INVALID_SPEC, LINT_RULES, RATIO, WARNING
+from .autoscalers import conflict_text
 from .model import last_set_weight_step, steps_text
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 EXPOSURE, NOT_MODELLED, UNREADABLE, NOTE = "rollback-exposure", "not-modelled", "unreadable-input", "note"
+AT_MAX, UNJOINED, CONFLICT = "rollback-exposure-at-max", "autoscaler-unjoined", "autoscaler-conflict"
 STDIN_PATH = "stdin.yaml"          # where results read from standard input sit without --stdin-name
 RULES = {EXPOSURE: ("a rollback inside rollbackWindow puts more traffic on the revived pods than their share of "
                     "capacity", ERROR), **{k: (v, WARNING if k in (ABOVE_SAFE, RATIO) else ERROR)
                                            for k, v in LINT_RULES.items()},
          NOT_MODELLED: ("what the prediction of this Rollout does not model", NOTE),
-         UNREADABLE: ("a file or an object the scan could not read", ERROR)}
+         UNREADABLE: ("a file or an object the scan could not read", ERROR),
+         AT_MAX: ("at its autoscaler's maxReplicas a rollback inside rollbackWindow puts more traffic on the revived "
+                  "pods than their share of capacity", ERROR),
+         UNJOINED: ("an autoscaler names a Rollout the scan did not read", WARNING),
+         CONFLICT: ("two autoscalers target one Rollout", WARNING)}
 WHY = ("Inside `rollbackWindow` a rollback jumps `status.currentStepIndex` to the end of the steps; while the "
        "revived ReplicaSet is still partly available the traffic code searches backwards for the last `setWeight`, "
        "so that weight lands on the few pods that are up.")
@@ -57,6 +63,13 @@ FULL = {
                   "field at steps[0] such as `setHeaderRoute`, or an analysis the version does not skip).",
     UNREADABLE: "The scan could not read this file or object (not valid YAML, a chart template read as a manifest, a "
                 "field of the wrong type); it went on with the rest and exits 2.",
+    AT_MAX: "An autoscaler (HorizontalPodAutoscaler or KEDA ScaledObject) may scale this Rollout to maxReplicas. At "
+            "that size the pods that first carry the rung the backward search picks are a smaller share of the "
+            "Rollout than the weight they get: the window that is closed at the current size is open there. " + WHY,
+    UNJOINED: "An autoscaler's scaleTargetRef names a Rollout that is not among the Rollouts read (same namespace and "
+              "name, apiVersion argoproj.io/v1alpha1): its sizes are not predicted.",
+    CONFLICT: "Two autoscalers target the same Rollout and fight over spec.replicas. Neither is picked: the range "
+              "either allows is predicted.",
 }
 FIX = {
     EXPOSURE: "Delete the final `setWeight: 100` step (the controller still goes to 100 after the last step, by "
@@ -76,6 +89,11 @@ FIX = {
     NOT_MODELLED: "Nothing to fix for the scan: judge that part of the rollback yourself, or probe it "
                   "(`drills probe`).",
     UNREADABLE: "Fix the file where it says; for a chart, scan the chart folder (it is rendered with helm).",
+    AT_MAX: "Delete the final `setWeight: 100` if there is one; then lower the remaining rung or raise "
+            "`minPodsPerReplicaSet` to the numbers the message gives for maxReplicas, or lower maxReplicas.",
+    UNJOINED: "Scan the Rollout with its autoscaler (the same input, cluster or app), or fix scaleTargetRef "
+              "(`apiVersion: argoproj.io/v1alpha1`, `kind: Rollout`, the Rollout's name).",
+    CONFLICT: "Keep one autoscaler per Rollout (KEDA makes its own HPA: do not add another).",
 }
 
 
@@ -133,7 +151,57 @@ def automation_id(records, scope: str | None = None) -> str:
     return "drills-scan/" + (re.sub(r"[^A-Za-z0-9._-]+", "-", where).strip("-") or "scan") + "/"
 
 
-def sarif(records, scope: str | None = None, unreadable=()) -> dict:
+def _at_max_message(r) -> str:
+    lo, hi = r.ro.size_range
+    p, close = r.sizes["max"], r.sizes.get("close")
+    fix = close["text"] if close else "deleting the final setWeight 100 closes it"
+    return (f"{r.ro.key} ({r.ro.source}, controller {_version(r)}, steps {steps_text(r.ro.steps)}, autoscaled "
+            f"{lo}..{hi} by {', '.join(a.describe() for a in r.ro.autoscalers)}): at maxReplicas {hi} a rollback "
+            f"inside rollbackWindow puts canary weight {p.peak} on {p.carrying} revived pod(s) = {p.share:.1%} of "
+            f"capacity (window {r.sizes['window']}). Rule {p.rule}. {fix}.")
+
+
+def _autoscaler_results(records, unjoined, ids) -> list[dict]:
+    out = []
+    for u in unjoined:
+        file = u.get("file")
+        uri = ("cluster/" + quote(file.split(":", 1)[1], safe="") + f"/{quote(u['namespace'], safe='')}/"
+               f"{quote(u['name'], safe='')}" if file and file.startswith("cluster:")
+               else _uri(file) if file and not file.startswith(("<", "render of")) else STDIN_PATH)
+        loc = {"physicalLocation": {"artifactLocation": {"uri": uri}}}
+        if u.get("line") and not uri.startswith("cluster/"):
+            loc["physicalLocation"]["region"] = {"startLine": int(u["line"])}
+        out.append({"ruleId": UNJOINED, "ruleIndex": ids.index(UNJOINED), "level": WARNING,
+                    "message": {"text": f"{u['kind']} {u['namespace']}/{u['name']} ({u['source']}): {u['why']}"},
+                    "locations": [loc],
+                    "partialFingerprints": {"rollout/v1": f"{u['source']}#{u['kind']}/{u['name']}#{UNJOINED}"}})
+    for r in records:
+        logical = f"{r.ro.origin.get('cluster') or r.ro.origin.get('env') or 'manifest'}/{r.ro.key}"
+        where = [_location(r, r.ro.file, r.ro.line, logical)]
+        if len(r.ro.autoscalers) > 1:
+            out.append({"ruleId": CONFLICT, "ruleIndex": ids.index(CONFLICT), "level": WARNING,
+                        "message": {"text": f"{r.ro.key} ({r.ro.source}, controller {_version(r)}): "
+                                            f"{conflict_text(r.ro)}"},
+                        "locations": where, "partialFingerprints": _fingerprint(r, CONFLICT),
+                        "properties": {"controller_version": _version(r)}})
+        if r.sizes and r.exposed_at_max:
+            i, _ = last_set_weight_step(r.ro.steps)
+            line = r.ro.step_lines[i] if i is not None and i < len(r.ro.step_lines) and r.ro.step_lines[i] \
+                else (r.ro.steps_line or r.ro.line)
+            close = r.sizes.get("close") or {}
+            out.append({"ruleId": AT_MAX, "ruleIndex": ids.index(AT_MAX), "level": ERROR,
+                        "message": {"text": _at_max_message(r)},
+                        "locations": [_location(r, r.ro.steps_file or r.ro.file, line, logical)],
+                        "partialFingerprints": _fingerprint(r, AT_MAX),
+                        "properties": {"max_replicas": r.ro.size_range[1], "controller_version": _version(r),
+                                       "predicted_peak_weight": r.sizes["max"].peak,
+                                       "pods_carrying": r.sizes["max"].carrying,
+                                       "rung_at_most": close.get("rung_at_most"),
+                                       "min_pods_at_least": close.get("min_pods_at_least")}})
+    return out
+
+
+def sarif(records, scope: str | None = None, unreadable=(), unjoined=()) -> dict:
     ids = list(RULES)
     results = []
     for e in unreadable:
@@ -169,6 +237,7 @@ def sarif(records, scope: str | None = None, unreadable=()) -> dict:
                             "partialFingerprints": _fingerprint(r, EXPOSURE),
                             "properties": {"predicted_peak_weight": r.pred.peak, "pods_carrying": r.pred.carrying,
                                            "controller_version": _version(r), "wave": r.wave}})
+    results += _autoscaler_results(records, unjoined, ids)
     rules = [{"id": k, "name": "".join(w.capitalize() for w in k.split("-")), "shortDescription": {"text": text},
               "fullDescription": {"text": FULL[k].replace("`", "")},
               "help": {"text": f"{FULL[k]} Fix: {FIX[k]}".replace("`", ""),
@@ -181,8 +250,8 @@ def sarif(records, scope: str | None = None, unreadable=()) -> dict:
                       "results": results, "columnKind": "utf16CodeUnits"}]}
 
 
-def write_sarif(records, path: str | Path, scope: str | None = None, unreadable=()) -> None:
-    Path(path).write_text(json.dumps(sarif(records, scope, unreadable), indent=1))
+def write_sarif(records, path: str | Path, scope: str | None = None, unreadable=(), unjoined=()) -> None:
+    Path(path).write_text(json.dumps(sarif(records, scope, unreadable, unjoined), indent=1))
 
 
 def junit(records, verification: list | None = None) -> ET.Element:
@@ -216,6 +285,9 @@ def junit(records, verification: list | None = None) -> ET.Element:
             warns = [x for x in r.findings if x.level != ERROR]
             if warns:
                 ET.SubElement(case, "system-out").text = "\n".join(f"{x.rule}: {x.message}" for x in warns)
+            if r.ro.autoscalers:          # autoscaled: the exposure at the maximum is a case of its own
+                n += 1
+                f += _at_max_case(suite, r, cls)
         suite.set("tests", str(n))
         suite.set("failures", str(f))
         suite.set("errors", "0")
@@ -238,6 +310,25 @@ def junit(records, verification: list | None = None) -> ET.Element:
     root.set("tests", str(total))
     root.set("failures", str(failures))
     return root
+
+
+def _at_max_case(suite, r, cls: str) -> int:
+    """The case of an autoscaled Rollout's exposure at its maxReplicas; 1 when it fails."""
+    hi = r.ro.size_range[1]
+    case = ET.SubElement(suite, "testcase", classname=cls, name=f"{r.ro.key}: rollback exposure at maxReplicas {hi}")
+    p = r.sizes.get("max") if r.sizes else None
+    if p is None or p.peak is None:
+        ET.SubElement(case, "skipped", message=(p.text if p else "controller version unknown"))
+        return 0
+    if not p.exposed:
+        return 0
+    close = r.sizes.get("close")
+    ET.SubElement(case, "failure", message=f"at maxReplicas {hi}: peak {p.peak} on {p.carrying} pod(s)"
+                  + (f"; closes with the remaining rung at most {close['rung_at_most']:.2f} %" if close else "")
+                  + (f" or minPodsPerReplicaSet at least {close['min_pods_at_least']}"
+                     if close and close["min_pods_at_least"] is not None else ""),
+                  type=AT_MAX).text = _at_max_message(r)
+    return 1
 
 
 # characters XML 1.0 cannot carry, even escaped (a control character in a Rollout's name, say)

@@ -23,6 +23,7 @@ from ..report import write_matrix, write_run_report
 from ..toolchain import resolve_controller_versions
 from .charts import scan_charts
 from .charts import split as split_charts
+from .autoscalers import join
 from .ci import write_junit, write_sarif
 from .fleet import FleetScan
 from .live import contexts, read_cluster
@@ -126,7 +127,7 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
         facts(v)
     t0 = time.monotonic()
     workers = args.workers or os.cpu_count() or 1
-    specs, stats, inventory, scope = [], {}, None, []
+    specs, stats, inventory, scope, scalers = [], {}, None, [], []
     bad: list[ScanInputError] = []             # inputs that could not be read: the scan goes on, exit 2 at the end
     if args.inputs:
         plain, charts = split_charts(args.inputs)
@@ -145,11 +146,13 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
                 for c in skipped:
                     log(f"drills scan: chart {c.root} not rendered: {c.skipped}")
         specs += res.rollouts
+        scalers += res.autoscalers
         bad += res.unreadable
         scope.append(", ".join(args.inputs)[:80])
     if args.fleet:
         res = _fleet(args, versions[0], stats, workers)
         specs += res.rollouts
+        scalers += res.autoscalers
         bad += res.unreadable
         scope.append(f"fleet {args.fleet}" + (f" ({args.env})" if args.env else ""))
     if len(versions) > 1:                      # manifests and renders: each Rollout on every version asked for
@@ -166,6 +169,7 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
             if inv.error:
                 unreadable.append(f"context {ctx}: {inv.error}")
             specs += inv.specs
+            scalers += inv.autoscalers
             scope.append(f"cluster {ctx}")
     if bad and not specs:                      # nothing read at all: each reason, the last one as the error
         for u in unreadable:
@@ -177,11 +181,12 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
         # a mistyped path or an empty render in CI must not pass as a clean scan
         raise ScanInputError(f"no Rollout found in {'; '.join(scope) or 'the input'} (pass --allow-empty when none "
                              f"is expected)")
+    unjoined = join(specs, scalers)            # HPAs and ScaledObjects on their Rollouts (every version's copy)
     shapes: dict = {}
     records = [evaluate(ro, facts(ro.controller_version or None), shapes) for ro in specs]
     for inv in inventory or []:
         inv.exposed = sum(r.exposed for r in records if r.ro.origin.get("cluster") == inv.context)
-    stats.update(rollouts=len(records), shapes=len(shapes), seconds=round(time.monotonic() - t0, 2))
+    stats.update(rollouts=len(records), shapes=sum(1 for k in shapes if k[0] != "size"), seconds=round(time.monotonic() - t0, 2))
     if bad:
         stats["unreadable"] = len(bad)
     verification = None
@@ -195,14 +200,15 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
     used_facts = [f for f in facts_cache.values() if f is not None]
     try:
         if args.json:
-            print(to_json(records, inventory, verification, stats, used_facts, unreadable=bad), file=out)
+            print(to_json(records, inventory, verification, stats, used_facts, unreadable=bad, unjoined=unjoined),
+                  file=out)
         else:
-            print(table(records, inventory, verification, stats, unreadable=bad), file=out)
+            print(table(records, inventory, verification, stats, unreadable=bad, unjoined=unjoined), file=out)
         out.flush()
     except BrokenPipeError:                    # a reader such as `head` closed the pipe: the exit code still counts
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
     if args.sarif:
-        _write(args.sarif, write_sarif, records, unreadable=bad)
+        _write(args.sarif, write_sarif, records, unreadable=bad, unjoined=unjoined)
     if args.junit:
         _write(args.junit, lambda recs, path: write_junit(recs, path, verification), records)
     gated, said = gate(records, fail_on)
@@ -218,10 +224,11 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
 
 def gate(records: list, fail_on: set[str]) -> tuple[int, list[str]]:
     """The exit code of the gates asked for, and what makes it inconclusive: 1 for a lint error (``lint``) or a
-    predicted exposure (``exposed``); 3 with ``exposed`` when the controller version of a Rollout is unknown (its
+    predicted exposure (``exposed``: at the current size, or at an autoscaler's maximum); 3 with ``exposed`` when the controller version of a Rollout is unknown (its
     exposure cannot be predicted: no version is no evidence of none), naming how to give it."""
     code, said = 0, []
-    if "exposed" in fail_on and any(r.exposed or (r.pred and r.pred.promotes_while_partial) for r in records):
+    if "exposed" in fail_on and any(r.exposed or r.exposed_at_max or (r.pred and r.pred.promotes_while_partial)
+                                  for r in records):
         code = combine_exit_codes(code, 1)
     if "lint" in fail_on and any(r.lint_errors for r in records):
         code = combine_exit_codes(code, 1)

@@ -19,6 +19,7 @@ from kubernetes import client
 from .. import __version__, config, kube
 from ..errors import BadInput
 from ..kubeconfig import contexts as kubeconfig_contexts
+from . import autoscalers as scalers
 from .model import ScanInputError, from_object
 
 USER_AGENT = f"drills-scan/{__version__}"     # the scan's requests are told apart in the apiserver's audit log
@@ -41,6 +42,7 @@ class ClusterInventory:
     controller_given: list[str] | None = None     # --controller: the versions predicted on instead
     namespace: str | None = None                  # -n: the one namespace read (None: every namespace)
     selector: str | None = None                   # -l: the label selector
+    autoscalers: list = field(default_factory=list)   # HPAs and ScaledObjects that target a Rollout
 
     def as_dict(self) -> dict:
         return {"context": self.context, "controller_version": self.controller_version,
@@ -145,4 +147,43 @@ def read_cluster(kubeconfig: str, context: str, namespace: str | None = None, se
         for v in controllers or [version or ""]:
             inv.specs.append(dataclasses.replace(ro, controller_version=v, origin=dict(ro.origin)))
     inv.rollouts = len(items)
+    try:
+        inv.autoscalers = read_autoscalers(co, context, namespace)
+    except ScanInputError as e:                  # the Rollouts stand; the scan exits 2 naming the object
+        inv.error = str(e)
+    except Exception as e:
+        inv.error = kube.describe(e, kube.server_of(api), "listing autoscalers")
     return inv
+
+
+# (group, version, plural, kind) of the autoscalers read; a cluster without KEDA's CRD has no ScaledObjects
+AUTOSCALER_APIS = (("autoscaling", "v2", "horizontalpodautoscalers", scalers.HPA),
+                   ("keda.sh", "v1alpha1", "scaledobjects", scalers.KEDA))
+
+
+def read_autoscalers(co, context: str, namespace: str | None) -> list:
+    """The HPAs (autoscaling/v2) and KEDA ScaledObjects that target a Rollout, listed read-only through the scan's
+    client (its timeouts) in every namespace or ``namespace``; the label selector is the Rollouts' only (an
+    autoscaler does not carry its Rollout's labels).  A 404 for ScaledObjects is a cluster without KEDA: none."""
+    out = []
+    for group, version, plural, kind in AUTOSCALER_APIS:
+        try:
+            doc = (co.list_namespaced_custom_object(group, version, namespace, plural) if namespace
+                   else co.list_cluster_custom_object(group, version, plural))
+        except client.exceptions.ApiException as e:
+            if e.status == 404 and kind == scalers.KEDA:
+                continue
+            raise
+        items = doc.get("items") if isinstance(doc, dict) else None
+        if not isinstance(items, list):
+            raise ScanInputError(f"listing {plural}: the API server answered items that are not a list")
+        for obj in items:
+            if not isinstance(obj, dict):
+                raise ScanInputError(f"listing {plural}: an item is not an object ({obj!r})"[:300])
+            obj = dict(obj, kind=obj.get("kind") or kind, apiVersion=obj.get("apiVersion") or f"{group}/{version}")
+            md = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+            a = scalers.from_object(obj, f"cluster:{context}/{md.get('namespace')}/{md.get('name')}",
+                                    file=f"cluster:{context}", origin={"cluster": context})
+            if a is not None:
+                out.append(a)
+    return out

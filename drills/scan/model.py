@@ -68,6 +68,15 @@ class ScannedRollout:
     schema_unavailable: str | None = None            # why the version's CRD schema could not be had (not checked)
     raw: dict | None = field(default=None, repr=False, compare=False)   # the object as read (for the CRD check)
     lines: dict = field(default_factory=dict, repr=False, compare=False)  # its path -> line map
+    replicas_given: bool = True          # spec.replicas set (absent: 1, or an autoscaler's to set)
+    autoscalers: list = field(default_factory=list)  # drills.scan.autoscalers.Autoscaler that target it
+
+    @property
+    def size_range(self) -> tuple[int, int] | None:
+        """(lowest minimum, highest maximum) of the autoscalers that target it; None: not autoscaled."""
+        if not self.autoscalers:
+            return None
+        return min(a.min_replicas for a in self.autoscalers), max(a.max_replicas for a in self.autoscalers)
 
     @property
     def rejected(self) -> bool:
@@ -222,7 +231,8 @@ def from_object(obj: dict, source: str, file: str | None = None, line: int | Non
         min_pods=min_pods, rollback_window=window, rpt=rpt, dss=canary.get("dynamicStableScale") is True,
         max_weight=max_weight, scale_down_delay=delay, strategy=kind, file=file, line=line, steps_file=file,
         step_lines=step_lines, steps_line=lines.get(steps_path), origin={}, invalid=invalid_steps(steps),
-        background_analysis=isinstance(analysis, dict) and bool(analysis.get("templates")), raw=obj, lines=lines)
+        background_analysis=isinstance(analysis, dict) and bool(analysis.get("templates")), raw=obj, lines=lines,
+        replicas_given="replicas" in spec)
 
 
 # --- steps ----------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A stream may hold many documents (a ``helm template`` or kustomize output) and kubectl Lists
 (``kubectl get rollouts -A -o yaml``).  Every Rollout becomes a ScannedRollout whose ``source`` is
-``file:line``; other objects are only counted.  A file that cannot be read (not YAML, not UTF-8) and a Rollout
+``file:line``, every HPA or ScaledObject that targets a Rollout an autoscalers.Autoscaler (joined to its Rollout
+by the command); other objects are only counted.  A file that cannot be read (not YAML, not UTF-8) and a Rollout
 whose fields cannot be read are each a ScanInputError with file and line in ``ReadResult.unreadable``; the other
 files and objects are still read.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import inputs
+from . import autoscalers as scalers
 from .model import ROLLOUT_KINDS, ScanInputError, from_object
 from .yamlstream import objects
 
@@ -29,6 +31,7 @@ class ReadResult:
     kinds: Counter = field(default_factory=Counter)       # every object kind seen
     files: int = 0
     unreadable: list = field(default_factory=list)        # ScanInputError of each file or object not read
+    autoscalers: list = field(default_factory=list)       # HPAs and ScaledObjects that target a Rollout
 
 
 def display_path(path: Path | str, stdin_name: str | None = None) -> str:
@@ -90,6 +93,16 @@ def rollouts_of(objs: list, label: str, controller_version: str = "", default_na
     for o in objs:
         kind = o.obj.get("kind")
         res.kinds[str(kind)] += 1
+        if kind in scalers.KINDS:
+            try:
+                a = scalers.from_object(o.obj, f"{label}:{o.line}", file=label, line=o.line, lines=o.lines,
+                                        default_namespace=default_namespace, origin=origin)
+            except ScanInputError as e:
+                res.unreadable.append(e)
+                continue
+            if a is not None:
+                res.autoscalers.append(a)
+            continue
         if kind not in ROLLOUT_KINDS:
             continue
         try:
@@ -129,5 +142,6 @@ def read_manifests(inputs: list[str], controller_version: str, stdin=None, worke
         res.rollouts += part.rollouts
         res.kinds.update(part.kinds)
         res.unreadable += part.unreadable
+        res.autoscalers += part.autoscalers
         res.files += 1
     return res

@@ -6,6 +6,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from .. import config
+from . import autoscalers as scalers
 from .advice import ERROR, WAVES, lint, safe_pod_count, wave
 from .model import ScannedRollout, steps_text
 from .predict import NOT_MODELLED, Prediction, not_modelled, predict
@@ -36,10 +37,18 @@ class Record:
     safe: dict = field(default_factory=dict)
     wave: str = "-"
     not_modelled: list = field(default_factory=list)    # "not modelled: <what>" of this Rollout's prediction
+    sizes: dict = field(default_factory=dict)            # autoscaled: autoscalers.sized() (min, max, close, window)
+    size_basis: str | None = None                        # autoscaled: why `exposed` is predicted at this size
 
     @property
     def exposed(self) -> bool:
+        """Exposed at the current size (autoscaled without spec.replicas: at the minimum, size_basis says so)."""
         return bool(self.pred and self.pred.exposed)
+
+    @property
+    def exposed_at_max(self) -> bool:
+        """Exposed at the autoscaler's maximum (not autoscaled: its one size)."""
+        return bool(self.sizes["max"].exposed) if self.sizes else self.exposed
 
     @property
     def lint_errors(self) -> list:
@@ -64,6 +73,7 @@ class Record:
             "share_of_capacity": round(p.share, 4) if p and p.share is not None else None,
             "overload": round(p.overload, 2) if p and p.overload is not None else None,
             "exposed": self.exposed,
+            **self._sizes_dict(),
             "promotes_while_partial": bool(p and p.promotes_while_partial),
             "rule": p.as_dict() if p else {"id": UNKNOWN_CONTROLLER, "text": unknown_text(ro), "lines": []},
             "controller_unknown": None if p or self.facts else unknown_why(ro),
@@ -84,6 +94,19 @@ class Record:
         }
 
 
+    def _sizes_dict(self) -> dict:
+        ro, sz = self.ro, self.sizes
+        lo, hi = ro.size_range or (None, None)
+        return {"autoscaler": scalers.describe_autoscaler(ro), "autoscaler_conflict": len(ro.autoscalers) > 1,
+                "min_replicas": lo, "max_replicas": hi, "replicas_basis": self.size_basis,
+                "exposed_at_min": bool(sz["min"].exposed) if sz else self.exposed,
+                "exposed_at_max": self.exposed_at_max,
+                "at_min": scalers.at_size(sz["min"], lo) if sz else None,
+                "at_max": scalers.at_size(sz["max"], hi) if sz else None,
+                "window": sz.get("window") if sz else None,
+                "close_at_max": sz.get("close") if sz else None}
+
+
 def unknown_why(ro: ScannedRollout) -> str:
     """Why the controller version of a Rollout is unknown (what its cluster showed)."""
     return (ro.origin or {}).get("controller_unknown") or "no controller version given or found"
@@ -99,8 +122,9 @@ def evaluate(ro: ScannedRollout, facts: VersionFacts | None, cache: dict | None 
     know), its prediction, safe pod count and wave (shared by Rollouts of one shape through ``cache``), what the
     prediction does not model, and the lint findings (each Rollout's own lines)."""
     if facts is None:           # no prediction without the version; the lint that does not depend on it still runs
-        return Record(ro, None, None, lint(ro, None))
-    ro = seen_by_controller(ro, facts.version, facts.root or None)
+        ro, basis = scalers.at_current(ro)
+        return Record(ro, None, None, lint(ro, None), size_basis=basis)
+    ro, basis = scalers.at_current(seen_by_controller(ro, facts.version, facts.root or None))
     key = (id(facts), ro.shape())
     hit = cache.get(key) if cache is not None else None
     if hit is None:
@@ -112,7 +136,8 @@ def evaluate(ro: ScannedRollout, facts: VersionFacts | None, cache: dict | None 
     missing = not_modelled(ro, pred, facts)
     if ro.schema_unavailable and pred.peak is not None:
         missing.append(f"{NOT_MODELLED}the {facts.version} CRD schema (fields not checked: {ro.schema_unavailable})")
-    return Record(ro, facts, pred, lint(ro, facts, safe), safe, wv, missing)
+    sizes = scalers.sized(ro, facts, cache) if ro.autoscalers else {}
+    return Record(ro, facts, pred, lint(ro, facts, safe), safe, wv, missing, sizes, basis)
 
 
 # --- the summary ---------------------------------------------------------------------------------------
@@ -140,10 +165,57 @@ def summary(records: list[Record]) -> dict:
         "rules": dict(rules.most_common()),
         "sources_unreadable": dict(sorted(unreadable_sources(records).items(), key=lambda x: _vkey(x[0]))),
         "controller_unknown": sum(r.facts is None for r in records),
+        "autoscaled": sum(bool(r.ro.autoscalers) for r in records),
+        "exposed_at_max": sum(r.exposed_at_max for r in records),
+        "autoscaler_conflicts": sum(len(r.ro.autoscalers) > 1 for r in records),
     }
 
 
 # --- the table ----------------------------------------------------------------------------------------
+def _size_cell(r: Record) -> str:
+    """R, and an autoscaled Rollout's range (``20 [10..360]``; ``?`` when spec.replicas is absent)."""
+    sizes = r.ro.size_range
+    if not sizes:
+        return str(r.ro.replicas)
+    return f"{r.ro.replicas if r.ro.replicas_given else '?'} [{sizes[0]}..{sizes[1]}]"
+
+
+def _at(pred, n: int) -> str:
+    if pred.peak is None:
+        return f"{n}: {pred.rule}"
+    return (f"{n}: peak {pred.peak} on {pred.carrying if pred.carrying is not None else '-'} pod(s) "
+            f"({_pct(pred.share)}){' EXPOSED' if pred.exposed else ''}")
+
+
+def autoscaled_lines(records: list[Record], unjoined: list | None) -> list[str]:
+    """The autoscaled Rollouts (the safe-pod check at the maximum, what closes it) and the unjoined autoscalers."""
+    out = []
+    scaled = [r for r in records if r.ro.autoscalers]
+    if scaled:
+        out += ["", "autoscaled (predicted at minReplicas, the current size and maxReplicas; the safe-pod check runs "
+                    "at maxReplicas):"]
+    for r in scaled:
+        ro = r.ro
+        who = (scalers.conflict_text(ro) if len(ro.autoscalers) > 1 else ro.autoscalers[0].describe())
+        out.append(f"  {ro.source} {ro.key} ({ro.controller_version or '?'}): {who}")
+        if r.size_basis:
+            out.append(f"    {r.size_basis}")
+        if not r.sizes:
+            out.append("    not predicted at min and max: the controller version is unknown")
+            continue
+        lo, hi = ro.size_range
+        out.append(f"    at min {_at(r.sizes['min'], lo)}; at max {_at(r.sizes['max'], hi)}: window "
+                   f"{r.sizes['window']}")
+        if r.sizes.get("close"):
+            out.append(f"    at max: {r.sizes['close']['text']}")
+        elif r.exposed_at_max:
+            out.append("    at max: deleting the final setWeight 100 closes it")
+    if unjoined:
+        out += ["", f"{len(unjoined)} autoscaler(s) not joined to a Rollout:"]
+        out += [f"  {u['source']} {u['kind']} {u['namespace']}/{u['name']}: {u['why']}" for u in unjoined]
+    return out
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.0%}"
 
@@ -153,7 +225,7 @@ def unreadable_dict(e) -> dict:
 
 
 def table(records: list[Record], inventory: list | None = None, verification: list | None = None,
-          stats: dict | None = None, unreadable: list | None = None) -> str:
+          stats: dict | None = None, unreadable: list | None = None, unjoined: list | None = None) -> str:
     cols = ["source", "rollout", "ctrl", "routing", "steps", "R", "M", "peak", "pods", "share", "rule", "lint",
             "wave"]
     rows = []
@@ -161,7 +233,7 @@ def table(records: list[Record], inventory: list | None = None, verification: li
         p = r.pred
         peak = "n/a" if p is None or p.peak is None else (f"{p.peak}!" if p.exposed else str(p.peak))
         rows.append([r.ro.source, r.ro.key, r.ro.controller_version or "?", r.ro.routing, steps_text(r.ro.steps),
-                     str(r.ro.replicas), "-" if r.ro.min_pods is None else str(r.ro.min_pods), peak,
+                     _size_cell(r), "-" if r.ro.min_pods is None else str(r.ro.min_pods), peak,
                      "-" if not p or p.carrying is None else str(p.carrying), _pct(p.share if p else None),
                      p.rule if p else UNKNOWN_CONTROLLER, ",".join(sorted({f.rule for f in r.findings})) or "-",
                      r.wave])
@@ -180,6 +252,7 @@ def table(records: list[Record], inventory: list | None = None, verification: li
                 out.append(f"{who}: {f.message}")
             for what in r.not_modelled:
                 out.append(f"{who}: {what}")
+    out += autoscaled_lines(records, unjoined)
     if unreadable:
         out.append("")
         out.append(f"{len(unreadable)} input(s) could not be read (the scan went on without them; exit 2):")
@@ -187,6 +260,11 @@ def table(records: list[Record], inventory: list | None = None, verification: li
     s = summary(records)
     out.append("")
     out.append(f"{s['rollouts']} Rollouts, {s['exposed']} exposed, {s['lint_errors']} with lint errors")
+    if s["autoscaled"]:
+        at_max = sum(r.exposed_at_max for r in records if r.ro.autoscalers)
+        out.append(f"  autoscaled: {s['autoscaled']} Rollouts, {at_max} exposed at their maxReplicas"
+                   + (f", {s['autoscaler_conflicts']} with conflicting autoscalers" if s["autoscaler_conflicts"] else "")
+                   + (f", {len(unjoined)} autoscaler(s) unjoined" if unjoined else ""))
     if s["controller_unknown"]:
         whys = sorted({unknown_why(r.ro) for r in records if r.facts is None})
         out.append(f"  controller version UNKNOWN for {s['controller_unknown']} Rollout(s) ({'; '.join(whys)}): "
@@ -227,8 +305,10 @@ def table(records: list[Record], inventory: list | None = None, verification: li
 
 
 def to_json(records: list[Record], inventory: list | None = None, verification: list | None = None,
-            stats: dict | None = None, facts: list | None = None, unreadable: list | None = None) -> str:
-    doc = {"rollouts": [r.as_dict() for r in records], "summary": summary(records)}
+            stats: dict | None = None, facts: list | None = None, unreadable: list | None = None,
+            unjoined: list | None = None) -> str:
+    doc = {"rollouts": [r.as_dict() for r in records], "summary": summary(records),
+           "autoscalers_unjoined": list(unjoined or [])}
     if unreadable:
         doc["unreadable"] = [unreadable_dict(e) for e in unreadable]
     if stats:

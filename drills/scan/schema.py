@@ -241,4 +241,4 @@ def seen_by_controller(ro: ScannedRollout, version: str, source: str | None = No
     return dataclasses.replace(
         seen, source=ro.source, file=ro.file, line=ro.line, steps_file=ro.steps_file, step_lines=ro.step_lines,
         steps_line=ro.steps_line, controller_version=ro.controller_version, origin=ro.origin, raw=ro.raw,
-        namespace=ro.namespace, schema_findings=findings)
+        namespace=ro.namespace, schema_findings=findings, autoscalers=ro.autoscalers)

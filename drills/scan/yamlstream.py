@@ -42,6 +42,7 @@ _SCALAR_TAGS = {"tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool"
 _SKIP = {("spec", "template"), ("status",), ("metadata", "annotations"), ("metadata", "managedFields"),
          ("data",), ("stringData",), ("binaryData",)}
 _WANTED = ("apiVersion", "kind", "metadata", "spec", "items")
+_BUILT = ("Rollout", "HorizontalPodAutoscaler", "ScaledObject")     # the kinds built whole (else: kind and apiVersion)
 _SOURCE_RE = re.compile(r"^# Source: (.+)$", re.M)
 _MERGE_KEY = object()          # a `<<` key
 
@@ -242,7 +243,7 @@ class _Walker:
 
     def root(self, ev) -> tuple[object, dict]:
         """The top-level node of a document: a mapping is built selectively (stops building once its
-        kind is known not to be a Rollout or a List)."""
+        kind is known not to be a Rollout, an autoscaler or a List)."""
         lines: dict = {}
         if not isinstance(ev, MappingStartEvent):
             self.skip(ev)
@@ -254,7 +255,7 @@ class _Walker:
 
         def wanted(key, obj) -> bool:
             kind = obj.get("kind")
-            return key in _WANTED and (kind is None or kind == "Rollout" or
+            return key in _WANTED and (kind is None or kind in _BUILT or
                                        (isinstance(kind, str) and kind.endswith("List")))
         obj = self._mapping((), lines, lambda key: (key,) in _SKIP, wanted)
         return obj, lines
