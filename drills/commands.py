@@ -361,6 +361,8 @@ def cmd_probe(args) -> int:
         try:
             cl.hold("drills probe")       # until the probe ends: nobody replaces the cluster under it
             cl.up(version)
+            # both ReplicaSets at full size at once (a deploy, the rollback), a tenth more for the surge
+            cl.ensure_pod_room(math.ceil(2.2 * max(spec.replicas, args.scale_out or 0)))
             api = cl.api_client()
             ns = make_namespace(api, namespace_name("probe"))
         except ClusterInputError as e:

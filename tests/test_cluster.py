@@ -95,6 +95,23 @@ def _drills(*args, env=None, timeout=600):
 
 
 @pytest.mark.single_version
+def test_room_for_a_fleet_sized_probe_adds_ready_nodes_and_never_removes_one(kube, cluster):
+    """A probe at 360 replicas needs both ReplicaSets at full size at once: more pods than two fake nodes hold
+    (110 each); the cluster adds Ready nodes for them, and asking for less later removes none."""
+    from kubernetes import client
+    from kubernetes.utils import parse_quantity
+    core = client.CoreV1Api(cluster.api_client())
+    before = core.list_node().items
+    room = sum(int(parse_quantity(n.status.allocatable["pods"])) for n in before)
+    got = cluster.ensure_pod_room(room + 1)
+    nodes = core.list_node().items
+    assert got == len(nodes) > len(before), (got, len(nodes), len(before))
+    assert sum(int(parse_quantity(n.status.allocatable["pods"])) for n in nodes) > room
+    assert all(any(c.type == "Ready" and c.status == "True" for c in n.status.conditions) for n in nodes)
+    assert cluster.ensure_pod_room(1) == len(nodes) and len(core.list_node().items) == len(nodes)
+
+
+@pytest.mark.single_version
 def test_down_leaves_no_process_and_no_port(controller_version, cluster):
     env = {"DRILLS_CLUSTER": "drills-down-check"}
     r = _drills("cluster", "up", "--controller", controller_version, env=env)

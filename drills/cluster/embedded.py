@@ -103,6 +103,21 @@ class EmbeddedCluster(ClusterState):
         from ..kube import new_client
         return new_client(self.kubeconfig)
 
+    def ensure_pod_room(self, pods: int) -> int:
+        """Fake nodes enough for ``pods`` pods (a node holds what its allocatable says: 110 from kwokctl's node
+        template), added, never removed; the node count."""
+        from kubernetes import client
+        from kubernetes.utils import parse_quantity
+        api = self.api_client()
+        nodes = client.CoreV1Api(api).list_node().items
+        per = min((int(parse_quantity((n.status.allocatable or {}).get("pods", "110"))) for n in nodes), default=110)
+        want = max(NODES, -(-pods // max(1, per)))
+        if want > len(nodes):
+            self.log(f"cluster: {want} fake nodes for {pods} pods ({per} each)")
+            self._kwokctl("scale", "node", "--name", self.name, "--replicas", str(want), timeout=300)
+            self._wait(lambda: nodes_ready(api, want), 120, f"{want} fake nodes to be Ready")
+        return max(want, len(nodes))
+
     def _kwokctl(self, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
         env = dict(os.environ, KWOK_WORKDIR=str(self.kwok_workdir))
         kwokctl = self.tc.bin("kwok", config.KWOK_VERSION, "kwokctl")
