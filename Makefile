@@ -5,7 +5,7 @@ PYTHON ?= python3
 TEST_CONTROLLERS ?= v1.8.2,v1.10.2
 # pytest-xdist workers for the framework's own tests (each with an embedded cluster of its own); the drills
 # themselves run in one of them, their legs in parallel (drills run's default -j)
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 # more pytest arguments for the tests (e.g. --junitxml=FILE); the drills' own pytest runs never see them
 PYTEST_ARGS ?=
 

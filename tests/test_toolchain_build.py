@@ -13,7 +13,7 @@ import pytest
 from drills.errors import BadInput
 from drills.toolchain.build import Toolchain, _build_groups, build_jobs
 from drills.toolchain.components import Component, base_components, optional_components, rollouts_component
-from drills.wait import until
+from drills.wait import WaitTimeout, hold_for, until
 
 
 def _by_name(name):
@@ -140,7 +140,8 @@ def test_the_longest_build_of_the_first_cluster_starts_first_beside_the_rest():
 
 def _builder(cache, names, jobs):
     """A process building hello components ``names`` on ``cache``, ``jobs`` at a time (its console piped)."""
-    code = ("import sys; from drills.toolchain.build import Toolchain; from drills.toolchain.components import "
+    code = ("import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+            "from drills.toolchain.build import Toolchain; from drills.toolchain.components import "
             "Component; cs = [Component(n, sys.argv[2], sys.argv[3], {'hello': sys.argv[2]}, "
             "ldflags=('-X main.name=' + n,)) for n in sys.argv[5:]]; "
             "Toolchain(sys.argv[1]).ensure(cs, jobs=int(sys.argv[4]))")
@@ -159,7 +160,14 @@ def test_a_signal_ends_the_builds_waiting_for_a_slot_and_starts_nothing(tmp_path
               or lines[-1], lambda line: "every build slot of this cache is in use" in line or not line,
               timeout=300)
         proc.send_signal(signal.SIGINT)
-        until("the builder to end after SIGINT", lambda: proc.poll() is not None, timeout=60)
+        try:
+            until("the builder to end after SIGINT", lambda: proc.poll() is not None, timeout=60)
+        except WaitTimeout:          # where every thread of the builder is: its stacks, in the failure
+            proc.send_signal(signal.SIGUSR1)
+            hold_for(2, "faulthandler to write the builder's stacks")
+            proc.kill()
+            raise AssertionError("the builder did not end within 60 s of SIGINT; its output and stacks:\n"
+                                 + "".join(lines) + proc.stdout.read()) from None
     finally:
         for h in holders:
             h.release()
