@@ -274,3 +274,29 @@ def test_live_lists_hpas_v2_and_a_cluster_without_keda_has_no_scaledobjects():
     with pytest.raises(ApiException):                          # refused is not absent: the scan says so (exit 2)
         read_autoscalers(co, "ctx", "shop")
     assert co.calls[0][0] == "shop"
+
+
+def test_closing_numbers_at_max_do_not_depend_on_another_rollouts_minimum_of_the_same_size(tmp_path):
+    """Two Rollouts of one shape: b's minimum is a's maximum (360).  a's closing numbers at its maximum are given,
+    whichever size was predicted first; min == max gives them too."""
+    f = tmp_path / "two.yaml"
+    f.write_text(yaml.safe_dump_all([rollout("b", replicas=20), hpa("hpa-b", "b", lo=360, hi=400),
+                                     rollout("a", replicas=20), hpa("hpa-a", "a", lo=20, hi=360),
+                                     rollout("c", replicas=20), hpa("hpa-c", "c", lo=360, hi=360)]))
+    r = drills("scan", f, "--controller", "v1.8.2", "--json")
+    assert r.returncode == 1, r.stderr
+    rows = {x["name"]: x for x in json.loads(r.stdout)["rollouts"]}
+    for name in ("a", "c"):
+        close = rows[name]["close_at_max"]
+        assert rows[name]["exposed_at_max"] and close and close["min_pods_at_least"] == 18, rows[name]
+        assert "setWeight 100" not in json.dumps(close), close
+
+
+def test_a_list_whose_items_are_not_all_mappings_is_read_for_its_mappings(tmp_path):
+    f = tmp_path / "list.yaml"
+    f.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List",
+                                 "items": [rollout("a", replicas=20), "x", 5, None, [1], hpa("hpa-a", "a", 20, 360)]}))
+    r = drills("scan", f, "--controller", "v1.8.2", "--json", "--fail-on", "none")
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "Error" not in r.stderr, r.stderr
+    (row,) = json.loads(r.stdout)["rollouts"]
+    assert row["name"] == "a" and row["max_replicas"] == 360, row

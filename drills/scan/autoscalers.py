@@ -257,7 +257,7 @@ def sized(ro: ScannedRollout, facts: VersionFacts, cache: dict | None = None) ->
     out = {}
     for what, n in (("min", lo), ("max", hi)):
         r = dataclasses.replace(ro, replicas=n)
-        key = ("size", id(facts), r.shape())
+        key = ("size", what, id(facts), r.shape())       # at the maximum the entry also holds the closing numbers
         hit = cache.get(key) if cache is not None else None
         if hit is None:
             hit = (predict(r, facts), closing(r, facts) if what == "max" else None)

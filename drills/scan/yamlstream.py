@@ -287,6 +287,8 @@ def _emit(obj, lines: dict, first: int, doc: int, comment) -> list[Obj]:
     if isinstance(kind, str) and kind.endswith("List") and isinstance(items, list):
         out = []
         for i, item in enumerate(items):
+            if not isinstance(item, dict):         # as a document that is not a mapping: no object in it
+                continue
             sub = {k[2:]: v for k, v in lines.items() if len(k) > 2 and k[0] == "items" and k[1] == i}
             out.append(Obj(item, lines.get(("items", i), first), sub, doc, comment))
         return out
