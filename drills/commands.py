@@ -341,7 +341,8 @@ def _probe_spec(args) -> RolloutSpec:
         raise BadInput(f"--rollback-timeout {args.rollback_timeout}: give seconds in (0, 86400]")
     if args.scale_out is not None and not args.replicas < args.scale_out <= MAX_PROBE_REPLICAS:
         raise BadInput(f"--scale-out {args.scale_out}: give more replicas than --replicas ({args.replicas}), at most "
-                       f"{MAX_PROBE_REPLICAS}")
+                       f"{MAX_PROBE_REPLICAS}" + (f" (--replicas must be below {MAX_PROBE_REPLICAS} for a scale-out)"
+                                                  if args.replicas >= MAX_PROBE_REPLICAS else ""))
     if args.scale_out is not None and args.availability_control != "on":
         raise BadInput("--scale-out needs --availability-control on: the revived pods are held while it scales")
     if args.expect is not None and not 0 <= args.expect <= 100:
