@@ -20,8 +20,8 @@ import yaml
 
 from .. import config
 from ..names import is_plain_name, plain_name
-from ..procs import (boot_id, die_with_parent, free_port, listening_ports_of, now_ticks, pid_alive, port_in_use, proven, run_bounded,
-                     terminate_proven)
+from ..procs import (boot_id, die_with_parent, free_port, listening_ports_of, now_ticks, pid_alive, port_in_use,
+                     proven, run_bounded, terminate_proven)
 from ..toolchain import Toolchain, check_built, components_for
 from ..wait import WaitTimeout, until
 from .errors import ClusterError, ClusterInputError, ClusterInUse, ClusterStateError, ControlPlaneExited
