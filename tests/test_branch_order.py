@@ -163,7 +163,8 @@ def test_copied_controller_by_path_runs_lane_order_with_its_version_and_sha256(t
     assert st["ready"] and st["controller_binary"] == str(copy.resolve())
     run_dir = Path(tmp_path / "reports" / "latest").resolve()
     rows = read_rows(run_dir / "ledger.json")
-    assert {r["step"] for r in rows} == {"end-of-steps", "mid-steps", "hazard-replica-progress-threshold"}, rows
+    assert {r["step"] for r in rows} == {"end-of-steps", "mid-steps", "hazard-replica-progress-threshold",
+                                         "scale-out-while-partial"}, rows
     for row in rows:
         assert row["lane"] == "order"
         assert row["controller_version"] == reported == "v1.8.2+unknown"
@@ -173,12 +174,13 @@ def test_copied_controller_by_path_runs_lane_order_with_its_version_and_sha256(t
     assert by_step["mid-steps"]["assertion"] == "branch order: backward search (:245) before mid-steps (:255)"
     # a user-built controller is observed, never held to the release's expectations (drills upgrade-check
     # classifies it against a baseline): the observation is there, the verdict unverified with the reason
-    for step in ("end-of-steps", "mid-steps"):
+    for step in ("end-of-steps", "mid-steps", "scale-out-while-partial"):
         assert by_step[step]["verdict"] == "unverified", by_step[step]
         assert by_step[step]["reason"] == USER_BUILT
     # and it is the v1.8.2 binary: it shows what the release shows (the backward search first)
     release = load_expectations("order")["v1.8.2"]
     assert by_step["end-of-steps"]["observed"] == release["end_of_steps"]["expected"] == 50
     assert by_step["mid-steps"]["observed"] == release["mid_steps"]["expected"] == 25
+    assert by_step["scale-out-while-partial"]["observed"] == release["scale_out"]["expected"] == 5
     assert by_step["hazard-replica-progress-threshold"]["verdict"] == "not_applicable"
     assert (run_dir / by_step["end-of-steps"]["evidence"]).is_file()
