@@ -36,13 +36,15 @@ MAX_TOTAL_RPS = 200.0          # two cores also run etcd, the apiserver, kcm, kw
 DEFAULT_USERS = 10
 DEFAULT_RATE_PER_USER = 5.0
 DEFAULT_LOCUSTFILE = "drill_load.py"
-KILL_GRACE_S = 30.0            # after its run time (or a SIGINT), how long Locust may take to write its stats
+KILL_GRACE_S = 30.0            # after its run time (or the stop request), how long Locust may take to write its stats
 #                                (a second or two on a quiet machine; over ten seen on a loaded 2-core one)
 TERM_GRACE_S = 5.0             # after SIGTERM, how long before SIGKILL
+STOP_HOOK = "_drills_stop.py"  # loaded next to every locustfile: the stop request and the users-stopped time
 # How a LoadRun ended (``stop_outcome``).  Every outcome keeps the per-request records (the locustfile writes each
 # one, line-buffered, when its response arrives): they are the evidence of every phase.  Locust's own final CSV,
-# HTML and JSON summaries exist only after EXITED or STOPPED.  After TERMINATED or KILLED the requests in flight at the stop
-# are nowhere, so the phase that was running then is cut short (``mark_cut_short``): inconclusive, never a figure.
+# HTML and JSON summaries exist only after EXITED or STOPPED.  After TERMINATED or KILLED the requests in flight at the
+# stop are nowhere unless Locust had said its users stopped before the signal (``users_stopped_at``); otherwise the
+# phase that was running then is cut short (``mark_cut_short``): inconclusive, never a figure.
 EXITED, STOPPED, TERMINATED, KILLED = "exited", "stopped", "terminated", "killed"
 PHASES = ("steady", "exposure", "settled", "exit")
 EMULATED_NOTE = ("load figures come from an emulated mesh (drills.mesh) on the embedded cluster; the drill "
@@ -186,6 +188,9 @@ class LoadSpec:
             raise LoadRefused(f"total rate {self.users} users x {self.rate_per_user}/s exceeds {MAX_TOTAL_RPS}/s")
         if not self.path.startswith("/"):
             raise LoadRefused(f"path must start with '/', got {self.path!r}")
+        if "," in str(locustfile_path(self.locustfile)):
+            raise LoadRefused(f"a locustfile path may not contain ',' (Locust reads it as a list): "
+                              f"{locustfile_path(self.locustfile)}")
         if not locustfile_path(self.locustfile).is_file():
             raise LoadRefused(f"no locustfile {locustfile_path(self.locustfile)}")
 
@@ -204,14 +209,20 @@ class LoadRun:
         self.csv_prefix = self.out / f"{spec.name}"
         self.html = self.out / f"{spec.name}-report.html"
         self.json = self.out / f"{spec.name}-stats.json"
+        self.stop_file = self.out / f"{spec.name}.stop"                     # drills asks Locust to end the run
+        self.stopped_file = self.out / f"{spec.name}-users-stopped.json"    # Locust says its users stopped
+        for stale in (self.stop_file, self.stopped_file):
+            stale.unlink(missing_ok=True)
         run_time = max(1, math.ceil(spec.run_time_s))
-        self.cmd = [sys.executable, "-m", "locust", "-f", str(locustfile_path(spec.locustfile)), "--headless",
+        self.cmd = [sys.executable, "-m", "locust", "-f",
+                    f"{locustfile_path(spec.locustfile)},{locustfile_path(STOP_HOOK)}", "--headless",
                     "--host", spec.host, "-u", str(spec.users), "-r", str(spec.spawn_rate), "-t", f"{run_time}s",
                     "--stop-timeout", "2", "--csv", str(self.csv_prefix), "--csv-full-history",
                     "--html", str(self.html), "--json-file", str(self.json.with_suffix("")),
                     "--only-summary", "--exit-code-on-error", "0", "--loglevel", "WARNING"]
         env = dict(os.environ, DRILLS_LOAD_RECORDS=str(self.records_path), DRILLS_LOAD_PATH=spec.path,
                    DRILLS_LOAD_RATE=str(spec.rate_per_user), DRILLS_LOAD_TIMEOUT=str(spec.request_timeout_s),
+                   DRILLS_LOAD_STOP_FILE=str(self.stop_file), DRILLS_LOAD_STOPPED_FILE=str(self.stopped_file),
                    PYTHONUNBUFFERED="1")
         self._logf = open(self.log, "ab")
         self.started_at = time.time()
@@ -240,15 +251,19 @@ class LoadRun:
         return self._done(rc)
 
     def stop(self) -> int:
-        """End the run now: SIGINT (Locust stops its users and writes its CSV/HTML/JSON), after KILL_GRACE_S SIGTERM,
-        after TERM_GRACE_S SIGKILL.  ``stop_outcome`` says which ended it (see EXITED ... KILLED)."""
+        """End the run now: the stop request (a file the stop hook watches: Locust stops its users and writes its
+        CSV/HTML/JSON), after KILL_GRACE_S SIGTERM, after TERM_GRACE_S SIGKILL.  ``stop_outcome`` says which ended
+        it (see EXITED ... KILLED)."""
         if self.proc.poll() is not None:
             self.stop_outcome = self.stop_outcome or EXITED
             return self._done(self.proc.returncode)
-        for sig, grace, outcome in ((signal.SIGINT, KILL_GRACE_S, STOPPED), (signal.SIGTERM, TERM_GRACE_S, TERMINATED),
+        for sig, grace, outcome in ((None, KILL_GRACE_S, STOPPED), (signal.SIGTERM, TERM_GRACE_S, TERMINATED),
                                     (signal.SIGKILL, 30.0, KILLED)):
             try:
-                os.killpg(self.proc.pid, sig)
+                if sig is None:
+                    self.stop_file.write_text(f"{time.time():.6f}\n")
+                else:
+                    os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
             try:
@@ -266,6 +281,15 @@ class LoadRun:
             self.ended_at = time.time()
             self._logf.close()
         return rc
+
+    def users_stopped_at(self) -> float | None:
+        """When Locust said its users had stopped (wall time; the stop hook writes it), or None."""
+        try:
+            with open(self.stopped_file, "rb") as f:
+                at = json.loads(f.read(4096)).get("users_stopped_at")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at) else None
 
     def summary_files(self) -> list[Path]:
         """Locust's own final summaries: written at a clean end (EXITED, STOPPED).  After SIGTERM or SIGKILL there
@@ -305,13 +329,18 @@ def run_load(host: str, out_dir: Path, **kw) -> LoadRun:
 
 def mark_cut_short(stats: dict[str, dict], phases: dict[str, tuple[float, float]], run: LoadRun) -> None:
     """A run that Locust did not end cleanly (SIGTERM or SIGKILL at the stop): the phases still open when the
-    signal came lose their requests in flight, so they are cut short (inconclusive, naming why)."""
+    signal came lose their requests in flight, so they are cut short (inconclusive, naming why).  A Locust that said
+    its users had stopped before the signal had nothing in flight: it lost only its own summaries."""
     if run.stop_outcome not in (TERMINATED, KILLED) or run.stopped_at is None:
+        return
+    users_stopped = run.users_stopped_at()
+    if users_stopped is not None and users_stopped <= run.stopped_at:
         return
     for name, (_, end) in phases.items():
         if name in stats and end > run.stopped_at - run.spec.request_timeout_s:
-            stats[name]["cut_short"] = (f"Locust did not stop on SIGINT within {KILL_GRACE_S:g}s and was "
-                                        f"{run.stop_outcome}: the requests in flight at the stop are not recorded; "
+            stats[name]["cut_short"] = (f"Locust did not stop its users within {KILL_GRACE_S:g}s of the stop request "
+                                        f"and was {run.stop_outcome}: the requests in flight at the stop are not "
+                                        f"recorded; "
                                         f"log {run.log}")
 
 

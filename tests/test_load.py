@@ -107,16 +107,20 @@ def test_locust_run_per_phase_stats_and_ledger_rows(server, tmp_path):
 
 
 def test_stop_ends_a_long_run_early_and_keeps_outputs(server, tmp_path, monkeypatch):
-    # what is tested is that SIGINT alone ends the run with its outputs written: a machine whose cores are shared
-    # may take Locust longer than the product's grace to write them, so this run gets a longer one
+    # what is tested is that the stop request alone ends the run with its outputs written: a machine whose cores
+    # are shared may take Locust longer than the product's grace to write them, so this run gets a longer one
     monkeypatch.setattr(load, "KILL_GRACE_S", 180.0)
     url = f"http://127.0.0.1:{server.server_address[1]}"
     run = load.start_load(url, tmp_path, users=2, spawn_rate=2, run_time_s=120, rate_per_user=5, name="early")
     until("Locust's first records", run.records, bool, 30, interval=0.2)
+    asked = time.time()
     run.stop()
-    # SIGINT was enough: Locust stopped its users and wrote its own summaries
+    # the stop request was enough: Locust stopped its users, said so, and wrote its own summaries
     assert run.stop_outcome == load.STOPPED, run.log.read_text()[-2000:]
     assert not run.running()
+    stopped = run.users_stopped_at()
+    assert stopped is not None and asked <= stopped <= run.ended_at, (asked, stopped, run.ended_at)
+    assert max(r["end"] for r in run.records()) <= stopped
     assert run.records() and (tmp_path / "early_stats.csv").is_file()
     assert set(run.summary_files()) == {tmp_path / "early_stats.csv", run.html, run.json}
     n = len(run.records())
@@ -152,6 +156,52 @@ def test_a_locust_that_does_not_stop_on_sigint_is_killed_and_its_open_phase_is_i
     rows = load.record_phase_rows(ledger, "a", "before", {"open": stats["open"]}, th, run.records_path, min_requests=1)
     assert {r["verdict"] for r in rows} == {"inconclusive"}
     assert all("was killed" in r["reason"] for r in rows), rows
+
+
+HANGS_AT_QUIT = """
+import gevent
+from locust import events
+
+exec(open({drill!r}).read())
+
+
+@events.quitting.add_listener
+def _hang(environment, **kw):       # a Locust stuck after its users stopped (writing its summaries, say)
+    gevent.sleep(3600)
+"""
+
+
+def test_a_locust_stuck_after_its_users_stopped_is_killed_and_loses_no_request(server, tmp_path, monkeypatch):
+    """Locust stops its users on the stop request and says so, then hangs before it exits: it is signalled after
+    the grace, its own summaries are missing, and yet no phase is cut short, since no request was in flight at the
+    signal: its records are all there is and all there was."""
+    monkeypatch.setattr(load, "KILL_GRACE_S", 3.0)
+    locustfile = tmp_path / "hangs_at_quit.py"
+    locustfile.write_text(HANGS_AT_QUIT.format(drill=str(load.locustfile_path())))
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    run = load.start_load(url, tmp_path / "out", users=2, spawn_rate=2, run_time_s=120, rate_per_user=5,
+                          name="hangs", locustfile=str(locustfile))
+    until("Locust's first records", run.records, bool, 30, interval=0.2)
+    run.stop()
+    assert run.stop_outcome in (load.TERMINATED, load.KILLED), (run.stop_outcome, run.log.read_text()[-2000:])
+    assert run.summary_files() == []
+    stopped = run.users_stopped_at()
+    assert stopped is not None and stopped <= run.stopped_at, (stopped, run.stopped_at, run.log.read_text()[-2000:])
+    recs = run.records()
+    assert recs and max(r["end"] for r in recs) <= stopped
+    phases = {"open": (min(r["t"] for r in recs), run.ended_at)}
+    stats = load.phase_stats(recs, phases)
+    load.mark_cut_short(stats, phases, run)
+    assert "cut_short" not in stats["open"], stats["open"]
+    assert stats["open"]["requests"] == len(recs)
+
+
+def test_a_locustfile_path_with_a_comma_is_refused(tmp_path):
+    f = tmp_path / "a,b.py"
+    f.write_text("")
+    with pytest.raises(load.LoadRefused, match="may not contain ','"):
+        load.start_load("http://127.0.0.1:9", tmp_path / "out", locustfile=str(f))
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("url", ["http://10.0.0.1:8080", "http://192.168.1.10/", "http://[::1]:80",
