@@ -140,7 +140,10 @@ def test_the_longest_build_of_the_first_cluster_starts_first_beside_the_rest():
 
 def _builder(cache, names, jobs):
     """A process building hello components ``names`` on ``cache``, ``jobs`` at a time (its console piped)."""
+    # SIGINT as in a terminal: a process started in the background of a shell without job control inherits it
+    # ignored, and Python then never turns it into KeyboardInterrupt
     code = ("import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+            "signal.signal(signal.SIGINT, signal.default_int_handler); "
             "from drills.toolchain.build import Toolchain; from drills.toolchain.components import "
             "Component; cs = [Component(n, sys.argv[2], sys.argv[3], {'hello': sys.argv[2]}, "
             "ldflags=('-X main.name=' + n,)) for n in sys.argv[5:]]; "
