@@ -165,8 +165,8 @@ def test_absent_replicas_predicts_exposed_at_the_minimum_and_says_so():
     d = _record("v1.8.2", rollout("orders"), hpa("orders", "orders", lo=50, hi=60)).as_dict()
     assert d["replicas"] == 50 and "current size is unknown from manifests" in d["replicas_basis"]
     assert d["exposed"] and d["exposed_at_min"] and d["exposed_at_max"]
-    d = _record("v1.8.2", rollout("orders", replicas=20), hpa("orders", "orders", lo=50, hi=60)).as_dict()
-    assert d["replicas"] == 20 and d["replicas_basis"] == "current size 20 (spec.replicas)" and not d["exposed"]
+    d = _record("v1.8.2", rollout("orders", replicas=55), hpa("orders", "orders", lo=20, hi=60)).as_dict()
+    assert d["replicas"] == 55 and d["replicas_basis"] == "current size 55 (spec.replicas)"
 
 
 def test_a_rollout_without_an_autoscaler_keeps_its_one_size():
@@ -300,3 +300,45 @@ def test_a_list_whose_items_are_not_all_mappings_is_read_for_its_mappings(tmp_pa
     assert r.returncode == 0 and "Traceback" not in r.stderr and "Error" not in r.stderr, r.stderr
     (row,) = json.loads(r.stdout)["rollouts"]
     assert row["name"] == "a" and row["max_replicas"] == 360, row
+
+
+def test_a_list_whose_items_are_not_a_list_is_unreadable_input(tmp_path):
+    f = tmp_path / "list.yaml"
+    f.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": {"a": rollout("a", replicas=20)}})
+                 + "---\n" + yaml.safe_dump(rollout("b", replicas=20)))
+    r = drills("scan", f, "--controller", "v1.8.2", "--json", "--fail-on", "none")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{f.name}:1: List: items must be a list of objects, found dict" in r.stderr, r.stderr
+    assert [x["name"] for x in json.loads(r.stdout)["rollouts"]] == ["b"]       # the rest of the file is read
+
+
+def test_a_huge_value_is_cut_in_the_error_line(manifest):
+    path = manifest(rollout("orders", replicas=20), hpa("orders", "orders", lo="x" * 200_000, hi=360))
+    r = drills("scan", path, "--json", "--fail-on", "none")
+    assert r.returncode == 2 and "minReplicas must be an integer 1.." in r.stderr, r.stderr[:2000]
+    line = next(ln for ln in r.stderr.splitlines() if "minReplicas" in ln)
+    assert len(line) < 600 and "characters" in line, line[:1000]
+
+
+def test_an_hpa_minimum_of_zero_is_refused_and_a_keda_one_is_read():
+    with pytest.raises(ScanInputError, match="HorizontalPodAutoscaler orders: spec.minReplicas must be an integer 1"):
+        from_object(hpa("orders", "orders", lo=0, hi=5), "t", file="m.yaml", line=1)
+    assert from_object(keda("orders", "orders", lo=0, hi=5), "t").min_replicas == 0
+
+
+def test_a_current_size_outside_the_range_is_predicted_where_the_autoscaler_moves_it():
+    d = _record("v1.8.2", rollout("orders", replicas=20), hpa("orders", "orders", lo=50, hi=60)).as_dict()
+    assert d["replicas"] == 50 and "spec.replicas 20 is outside the autoscaler's range 50..60" in d["replicas_basis"]
+    assert "moves it to 50" in d["replicas_basis"] and d["exposed"] == d["exposed_at_min"]
+    d = _record("v1.8.2", rollout("orders", replicas=500), keda("orders", "orders", lo=10, hi=360)).as_dict()
+    assert d["replicas"] == 360 and "moves it to 360" in d["replicas_basis"] and d["exposed"] == d["exposed_at_max"]
+
+
+def test_a_target_kind_in_another_case_is_reported_unjoined(manifest):
+    so = keda("orders", "orders", lo=10, hi=360)
+    so["spec"]["scaleTargetRef"]["kind"] = "rollout"
+    out = scan_json(manifest(rollout("orders", replicas=20), so))
+    (row,) = out["rollouts"]
+    assert row["autoscaler"] is None and row["max_replicas"] is None
+    (u,) = out["autoscalers_unjoined"]
+    assert u["name"] == "orders" and u["target"]["kind"] == "rollout" and "case-sensitive" in u["why"], u

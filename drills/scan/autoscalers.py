@@ -6,7 +6,9 @@ KEDA ``ScaledObject``s (``keda.sh/v1alpha1``) whose ``scaleTargetRef.kind`` is `
 have them: an HPA's ``minReplicas`` 1 (``maxReplicas`` is required); a ScaledObject's ``minReplicaCount`` 0 and
 ``maxReplicaCount`` 100, its ``scaleTargetRef`` ``apiVersion`` apps/v1 and ``kind`` Deployment.  An autoscaler of
 anything else (a Deployment) is not the scan's.  A field of the wrong type, a negative count, a minimum above the
-maximum or an HPA without ``maxReplicas`` is unreadable input, as a Rollout's are (file and line, exit 2).
+maximum or an HPA without ``maxReplicas`` (or with ``minReplicas`` 0) is unreadable input, as a Rollout's are (file and line,
+exit 2).  A ``scaleTargetRef.kind`` that is "Rollout" in another case is read and reported unjoined: the API matches
+kinds case-sensitively.
 
 Joined: same namespace, ``scaleTargetRef.name``, kind Rollout, apiVersion ``argoproj.io/...``, within one scope
 (one cluster context, one app's render in a fleet, the manifests: the autoscaler's own file first, then all of
@@ -16,7 +18,8 @@ range either allows (the lowest minimum, the highest maximum) is predicted and t
 
 Sizes: the current size is ``spec.replicas`` (on a live cluster, what the autoscaler last wrote).  A manifest
 without ``spec.replicas`` (the autoscaler owns it) has no current size: ``exposed`` is predicted at the minimum and
-the row says so.  The predictions at the minimum and the maximum are predict.py's rules at those sizes.  At the
+the row says so.  A spec.replicas outside the autoscaler's range is predicted where the autoscaler moves it (the
+nearer bound), and the row says so.  The predictions at the minimum and the maximum are predict.py's rules at those sizes.  At the
 maximum the safe-pod check runs on the remaining rung (the steps after the prescription); when that rung is
 exposed there, the two numbers that would close it:
 
@@ -76,6 +79,7 @@ class Autoscaler:
     file: str | None = None
     line: int | None = None
     origin: dict = field(default_factory=dict)
+    target_kind: str = "Rollout"       # scaleTargetRef.kind as written (another case of "Rollout": never joined)
 
     @property
     def key(self) -> str:
@@ -95,7 +99,7 @@ class Autoscaler:
 
     def as_dict(self) -> dict:
         return {"kind": self.kind, "namespace": self.namespace, "name": self.name,
-                "target": {"apiVersion": self.target_api or None, "kind": "Rollout", "name": self.target},
+                "target": {"apiVersion": self.target_api or None, "kind": self.target_kind, "name": self.target},
                 "min_replicas": self.min_replicas, "max_replicas": self.max_replicas, "defaulted": self.defaulted,
                 "source": self.source, "file": self.file, "line": self.line}
 
@@ -131,7 +135,7 @@ def from_object(obj: dict, source: str, file: str | None = None, line: int | Non
         if not isinstance(v, str) or not v:
             raise ScanInputError(f"{kind} {name}: spec.scaleTargetRef.{what} must be a string, found {v!r}"[:300],
                                  file, at("spec", "scaleTargetRef", what))
-    if t_kind != "Rollout":
+    if t_kind.lower() != "rollout":
         return None
     t_api = t_api or ""
     lo_f, hi_f = FIELDS[kind]
@@ -141,7 +145,8 @@ def from_object(obj: dict, source: str, file: str | None = None, line: int | Non
         lo = DEFAULT_MIN[kind]
         defaulted.append(f"{lo_f} {lo} by default")
     else:
-        lo = _int(lo, f"{kind} {name}: spec.{lo_f}", file, at("spec", lo_f))
+        # an HPA's minReplicas 0 needs the alpha HPAScaleToZero gate: the API refuses it everywhere else
+        lo = _int(lo, f"{kind} {name}: spec.{lo_f}", file, at("spec", lo_f), minimum=1 if kind == HPA else 0)
     hi = spec.get(hi_f)
     if hi is None and kind == HPA:
         raise ScanInputError(f"{kind} {name}: spec.maxReplicas is required", file, at("spec"))
@@ -153,7 +158,8 @@ def from_object(obj: dict, source: str, file: str | None = None, line: int | Non
     if lo > hi:
         raise ScanInputError(f"{kind} {name}: spec.{lo_f} {lo} is above spec.{hi_f} {hi}", file,
                              at("spec", lo_f) if spec.get(lo_f) is not None else at("spec", hi_f))
-    return Autoscaler(kind, namespace, name, t_name, t_api, lo, hi, defaulted, source, file, line, dict(origin or {}))
+    return Autoscaler(kind, namespace, name, t_name, t_api, lo, hi, defaulted, source, file, line, dict(origin or {}),
+                      target_kind=t_kind)
 
 
 # --- the join ---------------------------------------------------------------------------------------------------
@@ -165,6 +171,11 @@ def join(rollouts: list[ScannedRollout], autoscalers: list[Autoscaler]) -> list[
         by_key[(scope_of(ro.origin), ro.namespace, ro.name)].append(ro)
     unjoined = []
     for a in autoscalers:
+        if a.target_kind != "Rollout":
+            unjoined.append(dict(a.as_dict(), why=f"scaleTargetRef.kind {a.target_kind!r} is not 'Rollout': kinds are "
+                                                  f"case-sensitive, so the {a.kind} finds no target and scales "
+                                                  f"nothing"))
+            continue
         if not a.rollout_api:
             unjoined.append(dict(a.as_dict(), why=f"scaleTargetRef.apiVersion {a.target_api or '(absent)'} is not "
                                                   f"{ROLLOUT_GROUP}/v1alpha1: the {a.kind} cannot scale the Rollout "
@@ -191,6 +202,12 @@ def at_current(ro: ScannedRollout) -> tuple[ScannedRollout, str | None]:
         return ro, None
     if ro.replicas_given:
         what = "the live spec.replicas, as the autoscaler last set it" if ro.origin.get("cluster") else "spec.replicas"
+        lo, hi = sizes
+        if not lo <= ro.replicas <= hi:
+            size = min(max(ro.replicas, lo), hi)
+            return (dataclasses.replace(ro, replicas=size),
+                    f"{what} {ro.replicas} is outside the autoscaler's range {lo}..{hi}: the autoscaler moves it to "
+                    f"{size} at its next sync, so exposed is predicted at {size}")
         return ro, f"current size {ro.replicas} ({what})"
     return (dataclasses.replace(ro, replicas=sizes[0]),
             f"spec.replicas absent (the autoscaler owns it): the current size is unknown from manifests, so exposed "

@@ -30,7 +30,11 @@ _OTHER_ROUTERS = ("nginx", "alb", "smi", "ambassador", "appMesh", "traefik", "ap
 class ScanInputError(BadInput):
     """Input the scan cannot read (exit 2): the message starts with ``file:line:`` where there is one."""
 
+    MAX_MESSAGE = 400           # a value echoed in the message is cut: one line, never the input's whole text
+
     def __init__(self, message: str, file: str | None = None, line: int | None = None):
+        if len(message) > self.MAX_MESSAGE:
+            message = message[:self.MAX_MESSAGE] + f"... ({len(message) - self.MAX_MESSAGE} more characters cut)"
         self.file, self.line, self.problem = file, line, message
         where = f"{file}:{line}: " if file and line else (f"{file}: " if file else "")
         super().__init__(where + message)
@@ -102,8 +106,14 @@ def _int(value, what: str, file, line, minimum: int = 0, maximum: int | None = I
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or \
             (maximum is not None and value > maximum):
         bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
-        raise ScanInputError(f"{what} must be an integer {bound}, found {value!r}", file, line)
+        raise ScanInputError(f"{what} must be an integer {bound}, found {_brief(value)}", file, line)
     return value
+
+
+def _brief(value, limit: int = 80) -> str:
+    """A value as the error line shows it: its repr, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({type(value).__name__} of {len(text)} characters)"
 
 
 def _mapping(value, what: str, file, line) -> dict:

@@ -93,6 +93,12 @@ def rollouts_of(objs: list, label: str, controller_version: str = "", default_na
     for o in objs:
         kind = o.obj.get("kind")
         res.kinds[str(kind)] += 1
+        items = o.obj.get("items")
+        if isinstance(kind, str) and kind.endswith("List") and items is not None and not isinstance(items, list):
+            # yamlstream flattens a List's items only when they are a list: anything else holds no object
+            res.unreadable.append(ScanInputError(f"{kind}: items must be a list of objects, found "
+                                                 f"{type(items).__name__}", label, o.line))
+            continue
         if kind in scalers.KINDS:
             try:
                 a = scalers.from_object(o.obj, f"{label}:{o.line}", file=label, line=o.line, lines=o.lines,
