@@ -62,6 +62,35 @@ def _junit(path: Path) -> tuple[dict, list, dict]:
     return counts, cases, files
 
 
+def _timeline(path: Path, t0: float, toolchain_done: float | None) -> None:
+    """Per worker: its first start, its last end, its idle time, and the files it ran (minutes since start)."""
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return
+    if not rows:
+        return
+    print("  workers (minutes since start; a file's first test start -> its last test end; seconds of tests):")
+    by_worker = defaultdict(list)
+    for r in rows:
+        by_worker[r["worker"]].append(r)
+    for worker in sorted(by_worker):
+        rs = sorted(by_worker[worker], key=lambda r: r["start"])
+        busy = sum(r["end"] - r["start"] for r in rs)
+        first, last = rs[0]["start"] - t0, rs[-1]["end"] - t0
+        after = sum(r["end"] - max(r["start"], toolchain_done) for r in rs if toolchain_done and r["end"] > toolchain_done)
+        print(f"    {worker}: {first / 60:5.1f} -> {last / 60:5.1f}, tests {busy:6.0f} s"
+              + (f" ({after:.0f} s of them after the toolchain was built)" if toolchain_done else ""))
+        files: dict[str, list] = {}
+        for r in rs:
+            f = files.setdefault(r["test"].split("::", 1)[0], [r["start"], r["end"], 0.0])
+            f[1] = max(f[1], r["end"])
+            f[2] += r["end"] - r["start"]
+        for name, (a, b, s) in sorted(files.items(), key=lambda x: x[1][0]):
+            if s >= 60:
+                print(f"      {(a - t0) / 60:5.1f} -> {(b - t0) / 60:5.1f}  {s:6.0f} s  {name}")
+
+
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 
@@ -79,6 +108,9 @@ def _cpu_group(name: str) -> Path | None:
 def run(label: str, env: dict, cache: Path, workdir: Path) -> None:
     junit = workdir / "junit.xml"
     log = workdir / "make-test.log"
+    timeline = workdir / "timeline.jsonl"
+    timeline.unlink(missing_ok=True)
+    env = dict(env, DRILLS_TEST_TIMELINE=str(timeline))
     group = _cpu_group(f"bench-make-test-{os.getpid()}")
     t0 = time.time()
     with open(log, "w") as out:
@@ -106,6 +138,8 @@ def run(label: str, env: dict, cache: Path, workdir: Path) -> None:
         for s in sorted(stamps, key=lambda s: s["end"]):
             start = s["end"] - s["seconds"] - t0
             print(f"    {s['component']:<24} {start / 60:5.1f} -> {(s['end'] - t0) / 60:5.1f}  ({s['seconds']:6.1f} s)")
+    _timeline(timeline, t0, max((s["end"] for s in stamps if not s["component"].startswith("rollouts-reporting")),
+                                default=None))
     print("  slowest test files (sum of their tests' seconds; files run side by side on the workers):")
     for f, t in sorted(files.items(), key=lambda x: -x[1])[:12]:
         print(f"    {t:7.1f} s  {f}")

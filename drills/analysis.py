@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import re
 
-from . import prometheus
+from . import config, prometheus
 from .shapes import RolloutSpec
 
 
@@ -29,7 +29,7 @@ def analysis_template(fx: dict, namespace: str, prometheus_url: str, query: str,
         "provider": {"prometheus": {"address": prometheus_url, "query": query}}}]}
     if per_revision:
         spec["args"] = [{"name": "canary-hash"}]
-    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "AnalysisTemplate",
+    return {"apiVersion": config.ARGO_API_VERSION, "kind": "AnalysisTemplate",
             "metadata": {"name": a["template"], "namespace": namespace}, "spec": spec}
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import fnmatch
 import re
 
+from . import config
 from .ledger import (  # noqa: F401  (make_id: the one way an id is made, importable here)
     FAIL,
     HAZARD,
@@ -285,15 +286,10 @@ def headline(rows: list[dict], label: str | None = None) -> dict:
                        "hazards_seen": sum(1 for _, d in hazards if d["shows"] is True)}}
 
 
-def _version_key(label: str):
-    m = re.match(r"v?(\d+)\.(\d+)\.(\d+)", label)
-    return (0, tuple(int(x) for x in m.groups()), label) if m else (1, (0, 0, 0), label)
-
-
 def headlines(rows: list[dict]) -> list[dict]:
     """One headline per controller in the rows, in version order."""
     by: dict[str, list[dict]] = {}
     for r in rows:
         if isinstance(r, dict):
             by.setdefault(controller_label(r), []).append(r)
-    return [headline(by[k], k) for k in sorted(by, key=_version_key)]
+    return [headline(by[k], k) for k in config.version_order(by)]

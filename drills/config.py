@@ -26,6 +26,11 @@ NEWER_GO_TOOLCHAIN = "go1.27.3"
 ROLLOUTS_MODULE = "github.com/argoproj/argo-rollouts"
 SUPPORTED_CONTROLLERS = ("v1.7.1", "v1.7.2", "v1.8.2", "v1.8.5", "v1.9.3", "v1.10.2")
 DEFAULT_CONTROLLER = "v1.8.2"
+# the Argo API's names, spelled once
+ARGO_GROUP, ARGO_VERSION = "argoproj.io", "v1alpha1"
+ARGO_API_VERSION = f"{ARGO_GROUP}/{ARGO_VERSION}"
+HASH_LABEL = "rollouts-pod-template-hash"                # the controller's label on a revision's RS and pods
+REVISION_ANNOTATION = "rollout.argoproj.io/revision"
 # The versions the README's test command exercises.
 TEST_CONTROLLERS = ("v1.8.2", "v1.10.2")
 
@@ -46,6 +51,21 @@ def version_tuple(v: str) -> tuple[int, int, int]:
     if not m:
         raise ValueError(f"not a version: {v!r}")
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+_VERSION_PREFIX = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
+
+
+def version_key(v) -> tuple:
+    """Release order for a version or a controller label ("v1.10.2", "v1.8.2+unknown", "v1.8.2 (abc123)"): by the
+    numbers, never as text (v1.10.2 after v1.8.2); what has no version number sorts last, by its text."""
+    m = _VERSION_PREFIX.match(str(v))
+    return (0, tuple(int(x) for x in m.groups()), str(v)) if m else (1, (0, 0, 0), str(v))
+
+
+def version_order(versions) -> list[str]:
+    """The versions (or labels) in release order (``version_key``)."""
+    return sorted(versions, key=version_key)
 
 
 def cache_dir() -> Path:

@@ -23,10 +23,10 @@ from pathlib import Path
 from . import config, inputs
 from .errors import BadInput
 from .lanes import REGISTRY
+from .lanes.base import Runbook
 from .ledger import exit_code
 
 # a leg never measured: rough minutes per lane on the embedded cluster (replaced by measured durations)
-ESTIMATES_S = {"a": 150.0, "b": 120.0, "abort": 330.0, "order": 260.0, "escape": 600.0, "scan": 210.0, "alert": 100.0}
 VARIANT_MODES = ("stage", "prod", "both")
 
 
@@ -116,7 +116,8 @@ def record_duration(leg: Leg, seconds: float) -> None:
 
 
 def estimate(leg: Leg, durations: dict[str, float]) -> float:
-    return durations.get(leg.id) or ESTIMATES_S.get(leg.lane, 200.0)
+    lane = REGISTRY.get(leg.lane)
+    return durations.get(leg.id) or (lane.estimate_s if lane is not None else Runbook.estimate_s)
 
 
 # --- shards ------------------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 import yaml
 from kubernetes import client, dynamic
 
+from . import config
+
 FIELD_MANAGER = "drills"
 
 
@@ -24,7 +26,7 @@ def apply(api: client.ApiClient, namespace: str, text: str, journal=None, dry_ru
         if journal and doc["kind"] == "Rollout":
             try:
                 cur = client.CustomObjectsApi(api).get_namespaced_custom_object(
-                    "argoproj.io", "v1alpha1", namespace, "rollouts", doc["metadata"]["name"])
+                    config.ARGO_GROUP, config.ARGO_VERSION, namespace, "rollouts", doc["metadata"]["name"])
                 journal.before_spec_change(cur)
             except client.rest.ApiException:
                 journal.created("Rollout", namespace, doc["metadata"]["name"])

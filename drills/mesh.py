@@ -42,7 +42,7 @@ import random
 import threading
 from dataclasses import dataclass
 
-HASH_LABEL = "rollouts-pod-template-hash"
+from .config import HASH_LABEL
 ISTIO_GROUP = "networking.istio.io"
 DEFAULT_ISTIO_VERSION = "v1alpha3"
 NO_HEALTHY_UPSTREAM = "no healthy upstream"

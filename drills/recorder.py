@@ -26,7 +26,7 @@ from typing import Callable
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import kube
+from . import config, kube
 from .errors import BadInput
 from .evidence import leg_stamp
 from .podtemplate import app_container_name, container_images, selector_string
@@ -84,7 +84,7 @@ def _rollout(o: dict) -> dict:
 def _replicaset(o: dict) -> dict:
     md, spec, st = o["metadata"], o.get("spec") or {}, o.get("status") or {}
     return {"hash": (md.get("labels") or {}).get(HASH_LABEL),
-            "revision": (md.get("annotations") or {}).get("rollout.argoproj.io/revision"),
+            "revision": (md.get("annotations") or {}).get(config.REVISION_ANNOTATION),
             "created": md.get("creationTimestamp"), "spec_replicas": spec.get("replicas", 0),
             "replicas": st.get("replicas", 0), "ready": st.get("readyReplicas", 0),
             "available": st.get("availableReplicas", 0),
@@ -172,7 +172,7 @@ class Recorder:
         core = client.CoreV1Api(self.api)
         sel = None
         try:
-            ro = co.get_namespaced_custom_object("argoproj.io", "v1alpha1", self.ns, "rollouts", self.rollout)
+            ro = co.get_namespaced_custom_object(config.ARGO_GROUP, config.ARGO_VERSION, self.ns, "rollouts", self.rollout)
             sel = selector_string(ro["spec"].get("selector"))
         except ApiException as e:
             if e.status != 404:
@@ -184,7 +184,7 @@ class Recorder:
             self.notes.append(f"no label selector ({e}): ReplicaSets and Pods of the whole namespace are recorded")
         lab = {"label_selector": sel} if sel else {}
         return [
-            Source("Rollout", co.list_namespaced_custom_object, ("argoproj.io", "v1alpha1", self.ns, "rollouts"),
+            Source("Rollout", co.list_namespaced_custom_object, (config.ARGO_GROUP, config.ARGO_VERSION, self.ns, "rollouts"),
                    _rollout, {"field_selector": f"metadata.name={self.rollout}"}),
             Source("ReplicaSet", apps.list_namespaced_replica_set, (self.ns,), _replicaset, dict(lab)),
             Source("Pod", core.list_namespaced_pod, (self.ns,), _pod, dict(lab)),
@@ -192,7 +192,7 @@ class Recorder:
                    ("networking.istio.io", "v1alpha3", self.ns, "virtualservices"), _virtualservice),
             Source("DestinationRule", co.list_namespaced_custom_object,
                    ("networking.istio.io", "v1alpha3", self.ns, "destinationrules"), _destinationrule),
-            Source("AnalysisRun", co.list_namespaced_custom_object, ("argoproj.io", "v1alpha1", self.ns, "analysisruns"),
+            Source("AnalysisRun", co.list_namespaced_custom_object, (config.ARGO_GROUP, config.ARGO_VERSION, self.ns, "analysisruns"),
                    _analysisrun),
             Source("Event", core.list_namespaced_event, (self.ns,), _event),
         ]
@@ -296,7 +296,7 @@ class Recorder:
             return
         try:
             ro = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
-                "argoproj.io", "v1alpha1", self.ns, "rollouts", self.rollout)
+                config.ARGO_GROUP, config.ARGO_VERSION, self.ns, "rollouts", self.rollout)
         except Exception:       # gone or unreachable: the watches' own failures say what is missing
             return
         rv = ro["metadata"]["resourceVersion"]

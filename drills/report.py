@@ -27,7 +27,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from . import timeline
 from .answer import WORST_FIRST, controller_label, keyer, strip_line_refs
 from .answer_view import headline_items, is_load, load_fold, mark
-from .config import version_tuple
+from . import config
 from .evidence import read_judged
 from .lanes import LANES
 from .ledger import LedgerError, read_rows
@@ -99,11 +99,7 @@ class Plots:
 
 
 # --- columns, versions, lanes --------------------------------------------------------------------------------
-def version_key(v: str):
-    try:
-        return (0, version_tuple(v.split("+")[0]), v)
-    except (ValueError, TypeError):
-        return (1, (0, 0, 0), str(v))
+version_key = config.version_key
 
 
 def column(row: dict) -> str:

@@ -26,15 +26,16 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
+from . import config
 from .kube import conflict_retry
 from .kube import transient as _transient
 from .podtemplate import RolloutShapeError, selector_string
 from .wait import WaitTimeout
 from .watching import ListWatch
 
-GROUP, VERSION, PLURAL = "argoproj.io", "v1alpha1", "rollouts"
-HASH_LABEL = "rollouts-pod-template-hash"
-REVISION_ANNOTATION = "rollout.argoproj.io/revision"
+GROUP, VERSION, PLURAL = config.ARGO_GROUP, config.ARGO_VERSION, "rollouts"
+HASH_LABEL = config.HASH_LABEL
+REVISION_ANNOTATION = config.REVISION_ANNOTATION
 api_retry = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(6),
                   wait=wait_exponential(multiplier=0.1, max=2), reraise=True)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
+from . import config
 from .podtemplate import with_image
 from .rollout import Rollouts
 
@@ -82,7 +83,7 @@ def manifests(spec: RolloutSpec, namespace: str) -> dict:
     template = {"metadata": {"labels": dict(labels)},
                 "spec": {"containers": [{"name": spec.container, "image": spec.image_v1,
                                          "ports": [{"containerPort": 8080}]}, *copy.deepcopy(spec.sidecars)]}}
-    ro = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": n, "namespace": namespace},
+    ro = {"apiVersion": config.ARGO_API_VERSION, "kind": "Rollout", "metadata": {"name": n, "namespace": namespace},
           "spec": {"replicas": spec.replicas, "revisionHistoryLimit": 10,
                    "selector": {"matchLabels": dict(labels)}, "template": template,
                    "strategy": {"canary": canary}}}

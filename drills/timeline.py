@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HASH_LABEL = "rollouts-pod-template-hash"
+from .config import HASH_LABEL
 
 
 ROUTE_KINDS = ("http", "tls", "tcp")

@@ -344,7 +344,7 @@ def _pair(key: str, b: dict | None, c: dict | None, decls: list[Declaration]) ->
 
 
 def _one_controller(idx: dict, side: str) -> None:
-    cols = sorted({column_of(r) for r in idx.values() if r.get("controller_version")})
+    cols = config.version_order({column_of(r) for r in idx.values() if r.get("controller_version")})
     if len(cols) > 1:
         raise UpgradeInputError(f"{side} rows come from more than one controller: {', '.join(cols)}")
 
@@ -386,12 +386,7 @@ def classify_neighbours(rows: list[dict], versions: list[str] | None = None,
         if isinstance(r, dict) and r.get("controller_version") and not r.get("controller_sha256"):
             by_col.setdefault(str(r["controller_version"]), []).append(r)
     if versions is None:
-        def vkey(v):
-            try:
-                return 0, config.version_tuple(v), v
-            except ValueError:
-                return 1, (0, 0, 0), v
-        versions = sorted(by_col, key=vkey)
+        versions = config.version_order(by_col)
     present = [v for v in versions if v in by_col]
     return [NeighbourStep(a, b, classify(by_col[a], by_col[b], decls)) for a, b in zip(present, present[1:])]
 

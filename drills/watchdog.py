@@ -22,7 +22,7 @@ from typing import Callable
 
 from kubernetes import client
 
-from . import kube
+from . import config, kube
 from .procs import pid_alive
 from .signals import SignalGuard
 
@@ -114,7 +114,7 @@ def no_other_writer(api: client.ApiClient, namespace: str, name: str, journal, b
     key = f"{namespace}/{name}"
 
     def check() -> str | None:
-        ro = co.get_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", name)
+        ro = co.get_namespaced_custom_object(config.ARGO_GROUP, config.ARGO_VERSION, namespace, "rollouts", name)
         changed = journal.moved_on(key, ro) + spec_changes(before_spec, ro.get("spec") or {})
         if changed:
             return f"stopped: another writer changed rollout {key} during the drill: {'; '.join(changed)}"

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -355,6 +356,20 @@ def _file_text(item) -> str:
 
 def needs_helm(item) -> bool:
     return any(mark in _file_text(item) for mark in HELM_MARKS)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With DRILLS_TEST_TIMELINE set (benchmarks/bench_make_test.py sets it): one JSON line per test, its worker and
+    its wall start and end, so a benchmark can say what each worker did when."""
+    start = time.time()
+    yield
+    path = os.environ.get("DRILLS_TEST_TIMELINE")
+    if path:
+        line = json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                           "start": round(start, 3), "end": round(time.time(), 3)})
+        with open(path, "a") as f:          # one short line per append: the workers' lines never interleave
+            f.write(line + "\n")
 
 
 def pytest_runtest_setup(item):

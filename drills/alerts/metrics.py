@@ -27,7 +27,9 @@ Both sources put the Rollout's ``namespace`` and ``name`` on each sample: scrape
 """
 from __future__ import annotations
 
-GROUP, KIND, VERSION = "argoproj.io", "Rollout", "v1alpha1"
+from .. import config
+
+GROUP, KIND, VERSION = config.ARGO_GROUP, "Rollout", config.ARGO_VERSION
 KSM_PREFIX = "kube_customresource"          # kube-state-metrics' default metricNamePrefix
 
 ROLLOUT_INFO = "rollout_info"

@@ -81,7 +81,7 @@ class EmbeddedCluster(ClusterState):
         try:
             from kubernetes import client
             items = client.CustomObjectsApi(self.api_client()).list_cluster_custom_object(
-                "argoproj.io", "v1alpha1", "rollouts", _request_timeout=5)["items"]
+                config.ARGO_GROUP, config.ARGO_VERSION, "rollouts", _request_timeout=5)["items"]
         except Exception:          # no answer, no CRD: nothing there can be proven to hold it
             return None
         for ro in items:

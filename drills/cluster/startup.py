@@ -217,20 +217,20 @@ def create_sentinel(api) -> None:
     snapshot: a snapshot is taken before any controller ran)."""
     from kubernetes import client
     body = {
-        "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+        "apiVersion": config.ARGO_API_VERSION, "kind": "Rollout",
         "metadata": {"name": SENTINEL, "namespace": SENTINEL_NS},
         "spec": {"replicas": 0, "selector": {"matchLabels": {"app": SENTINEL}},
                  "template": {"metadata": {"labels": {"app": SENTINEL}},
                               "spec": {"containers": [{"name": "c", "image": "sentinel:1"}]}},
                  "strategy": {"canary": {"steps": [{"setWeight": 50}]}}},
     }
-    client.CustomObjectsApi(api).create_namespaced_custom_object("argoproj.io", "v1alpha1", SENTINEL_NS,
+    client.CustomObjectsApi(api).create_namespaced_custom_object(config.ARGO_GROUP, config.ARGO_VERSION, SENTINEL_NS,
                                                                  "rollouts", body)
 
 
 def sentinel_reconciled(api) -> bool:
     from kubernetes import client
-    obj = client.CustomObjectsApi(api).get_namespaced_custom_object("argoproj.io", "v1alpha1", SENTINEL_NS,
+    obj = client.CustomObjectsApi(api).get_namespaced_custom_object(config.ARGO_GROUP, config.ARGO_VERSION, SENTINEL_NS,
                                                                     "rollouts", SENTINEL)
     return bool((obj.get("status") or {}).get("observedGeneration"))
 

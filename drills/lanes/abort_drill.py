@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from .. import load, mesh_server, prometheus, timeline
+from .. import config, load, mesh_server, prometheus, timeline
 from ..analysis import (
     analysis_query,
     analysis_template,
@@ -136,7 +136,7 @@ class SelfAbortDrill:
         self.prom.wait_scraped()
         self.query = analysis_query(self.fx, self.fqdn, self.per_revision)
         at = analysis_template(self.fx, self.ns, self.prom.url, self.query, self.per_revision)
-        self.co.create_namespaced_custom_object("argoproj.io", "v1alpha1", self.ns, "analysistemplates", at)
+        self.co.create_namespaced_custom_object(config.ARGO_GROUP, config.ARGO_VERSION, self.ns, "analysistemplates", at)
         (ev / "analysistemplate.yaml").write_text(yaml.safe_dump(at, sort_keys=False))
         self.log(f"abort/{self.step_name}: mesh emulator {self.mesh.url}, Prometheus {self.prom.url}; "
                  f"query: {self.query}")
@@ -204,7 +204,7 @@ class SelfAbortDrill:
         d = self.drill
         ev = self.ev / self.step_name
         runs_full = [o for o in self.co.list_namespaced_custom_object(
-            "argoproj.io", "v1alpha1", self.ns, "analysisruns")["items"]
+            config.ARGO_GROUP, config.ARGO_VERSION, self.ns, "analysisruns")["items"]
             if o["metadata"]["name"].startswith(f"{d.name}-{d.hash_v1}-")]
         self.load.stop()
         reqs = self.load.records()

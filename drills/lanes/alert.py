@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..alerts.drill import AlertDrill
 from ..alerts.rules import ABORTED, STUCK
+from ..config import version_order
 from ..ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from .base import Runbook, StepFailed, step
 
@@ -26,6 +27,7 @@ def _utc(wall: float | None) -> str:
 
 class LaneAlert(Runbook):
     key = "alert"
+    estimate_s = 100.0
     title = "the stuck-at-the-remaining-rung alert: fires when a rollback is held, quiet otherwise, on real metrics"
     extras = ("prometheus",)
 
@@ -232,7 +234,7 @@ class LaneAlert(Runbook):
                 ("held: resolves", "held", "resolves"), ("aborted: fires", "aborted", "fires-in-time"),
                 ("aborted: resolves", "aborted", "resolves-after-promote-full"),
                 ("normal rollback", "normal", "never-fires"), ("Healthy", "healthy", "never-fires")]
-        versions = sorted({v for v, _, _ in cells})
+        versions = version_order({v for v, _, _ in cells})
         if not versions:
             return []
         rows = []

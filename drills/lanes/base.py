@@ -107,6 +107,7 @@ class Runbook:
     title: ClassVar[str]
     variants: ClassVar[tuple[str, ...]] = ("stage",)
     extras: ClassVar[tuple[str, ...]] = ()          # toolchain components the lane needs besides the cluster
+    estimate_s: ClassVar[float] = 200.0             # a leg's seconds before one was measured (plans, shards)
 
     def __init__(self, ctx: LaneContext):
         self.ctx = ctx

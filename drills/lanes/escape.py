@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from .. import timeline
+from ..config import version_order
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from ..plots import plot_paths
@@ -141,6 +142,7 @@ def _changes(values: list) -> list:
 
 class LaneEscape(Runbook):
     key = "escape"
+    estimate_s = 600.0
     title = "the four escapes from an aborted Rollout: retry, promote, promote --full, undo"
     extras = ("prometheus",)
 
@@ -190,7 +192,8 @@ class LaneEscape(Runbook):
         if not by_version or out_dir is None:
             return []
         figures = []
-        for version, paths in sorted(by_version.items()):
+        for version in version_order(by_version):
+            paths = by_version[version]
             png = Path(out_dir) / "escape" / f"escape-{version.replace('+', '_')}.png"
             plot_paths({e: paths.get(e) for e in ESCAPES}, f"escapes from an abort — {version}", png)
             figures.append({"png": png, "caption": f"{version}: canary weight after each escape (t = 0: the "

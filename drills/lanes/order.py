@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import branches, timeline
 from ..answer import condition_of
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
-from ..config import version_tuple
+from ..config import version_order
 from ..kit import REASON_INCOMPLETE, DrillRollout, Observation
 from ..probe import release_rest, wait_window_decided
 from ..probe import scale_out as scale_out_while_held
@@ -88,6 +88,7 @@ def weights_while_short_at(d: timeline.Derived, target: int) -> tuple[list, floa
 
 class LaneOrder(Runbook):
     key = "order"
+    estimate_s = 260.0
     title = "branch order: the backward search before mid-steps and end-of-steps, per version's source"
 
     def __init__(self, ctx: LaneContext):
@@ -349,7 +350,7 @@ class LaneOrder(Runbook):
     def report_sections(cls, cells: dict, out_dir: Path | None = None) -> list[dict]:
         """The branch-order table (one row per version, the three probes as columns) with a call-out for every
         version on which the prescription no longer keeps the weight at the last rung."""
-        versions = sorted({v for v, _, _ in cells}, key=_version_key)
+        versions = version_order({v for v, _, _ in cells})
         if not versions:
             return []
         callouts, rows = [], []
@@ -370,8 +371,3 @@ class LaneOrder(Runbook):
 
 
 
-def _version_key(v: str):
-    try:
-        return version_tuple(v.split("+")[0])
-    except ValueError:
-        return (999, 0, 0)

@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from urllib.parse import quote
 
-from .. import __version__
+from .. import __version__, config
 from .advice import ABOVE_SAFE, CRD_PRUNED, CRD_REJECTED, ERROR, FINAL_100, INVALID_SPEC, LINT_RULES, RATIO, WARNING
 from .autoscalers import conflict_text
 from .model import last_set_weight_step, steps_text
@@ -262,7 +262,8 @@ def junit(records, verification: list | None = None) -> ET.Element:
     for r in records:
         groups[r.ro.controller_version or "unknown"].append(r)
     total = failures = 0
-    for version, recs in sorted(groups.items()):
+    for version in config.version_order(groups):
+        recs = groups[version]
         suite = ET.SubElement(root, "testsuite", name=f"scan controller {version}")
         n = f = 0
         for r in recs:

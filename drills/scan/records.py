@@ -16,16 +16,8 @@ from .sources import VersionFacts
 UNKNOWN_CONTROLLER = "controller-unknown"
 
 
-def _vkey(v: str):
-    """Versions in release order (a build suffix ignored; unknown last)."""
-    try:
-        return (0, config.version_tuple(str(v).split("+")[0]), str(v))
-    except ValueError:
-        return (1, (0, 0, 0), str(v))
-
-
-def version_order(versions) -> list[str]:
-    return sorted(versions, key=_vkey)
+_vkey = config.version_key
+version_order = config.version_order
 
 
 @dataclass
