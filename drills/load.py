@@ -5,9 +5,8 @@ client).  It runs as ``python -m locust --headless`` with a locustfile from fixt
 one JSONL record per request (wall start ``t``, latency ``ms``, status ``code``, ``ok``).  Per-phase figures
 are cut from those records by the drill's phase windows (Locust's own history is per second and cumulative).
 
-Bounds: at most MAX_USERS users, at most MAX_TOTAL_RPS requests/second in total (a constant throughput per
-user), a run-time after which Locust stops itself and a hard kill shortly after that.  On the embedded cluster
-the target must be a 127.0.0.0/8 address (the mesh emulator); a live target is the stage service's URL.
+Bounds: at most MAX_USERS users, MAX_TOTAL_RPS requests/second in all, a run time, then a stop (see LoadRun.stop).
+On the embedded cluster the target must be a 127.0.0.0/8 address (the mesh emulator); live, the stage's URL.
 """
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ MAX_TOTAL_RPS = 200.0          # two cores also run etcd, the apiserver, kcm, kw
 DEFAULT_USERS = 10
 DEFAULT_RATE_PER_USER = 5.0
 DEFAULT_LOCUSTFILE = "drill_load.py"
-KILL_GRACE_S = 30.0            # after its run time (or the stop request), how long Locust may take to write its stats
-#                                (a second or two on a quiet machine; over ten seen on a loaded 2-core one)
+KILL_GRACE_S = 30.0            # after its run time or the stop request, Locust's time to write its stats (1-10+ s)
 TERM_GRACE_S = 5.0             # after SIGTERM, how long before SIGKILL
 STOP_HOOK = "_drills_stop.py"  # loaded next to every locustfile: the stop request and the users-stopped time
 # How a LoadRun ended (``stop_outcome``).  Every outcome keeps the per-request records (the locustfile writes each
@@ -188,9 +186,8 @@ class LoadSpec:
             raise LoadRefused(f"total rate {self.users} users x {self.rate_per_user}/s exceeds {MAX_TOTAL_RPS}/s")
         if not self.path.startswith("/"):
             raise LoadRefused(f"path must start with '/', got {self.path!r}")
-        if "," in str(locustfile_path(self.locustfile)):
-            raise LoadRefused(f"a locustfile path may not contain ',' (Locust reads it as a list): "
-                              f"{locustfile_path(self.locustfile)}")
+        if "," in str(locustfile_path(self.locustfile)):      # Locust reads -f as a list
+            raise LoadRefused(f"a locustfile path may not contain ',': {locustfile_path(self.locustfile)}")
         if not locustfile_path(self.locustfile).is_file():
             raise LoadRefused(f"no locustfile {locustfile_path(self.locustfile)}")
 
@@ -261,7 +258,10 @@ class LoadRun:
                                     (signal.SIGKILL, 30.0, KILLED)):
             try:
                 if sig is None:
-                    self.stop_file.write_text(f"{time.time():.6f}\n")
+                    try:
+                        self.stop_file.touch()        # an empty file: no data block to find on a full disk
+                    except OSError:                   # no file at all: Locust's own SIGINT, as a terminal sends it
+                        os.killpg(self.proc.pid, signal.SIGINT)
                 else:
                     os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
@@ -285,7 +285,7 @@ class LoadRun:
     def users_stopped_at(self) -> float | None:
         """When Locust said its users had stopped (wall time; the stop hook writes it), or None."""
         try:
-            with open(self.stopped_file, "rb") as f:
+            with open(self.stopped_file, "rb") as f:          # a few bytes: read under a budget all the same
                 at = json.loads(f.read(4096)).get("users_stopped_at")
         except (OSError, ValueError, AttributeError):
             return None
