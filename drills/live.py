@@ -85,7 +85,7 @@ def check_inputs(args) -> LiveTarget:
     url = getattr(args, "service_url", None)
     kc, ctx = kube.resolve_kubeconfig(args.kubeconfig, args.context)
     if url:
-        from .load import LoadRefused, check_live_target
+        from .load_target import LoadRefused, check_live_target
         try:
             check_live_target(url, api_server=server_of(kc, ctx))
         except LoadRefused as e:

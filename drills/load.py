@@ -10,22 +10,20 @@ On the embedded cluster the target must be a 127.0.0.0/8 address (the mesh emula
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import yaml
 
 from . import config
+from .load_target import LoadRefused, check_live_target, check_target  # noqa: F401  (also drills.load.*)
 from .ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NEUTRAL, PASS, UNVERIFIED
 from .procs import die_with_parent
 from .wait import until
@@ -41,123 +39,17 @@ STOP_HOOK = "_drills_stop.py"  # loaded next to every locustfile: the stop reque
 # How a LoadRun ended (``stop_outcome``).  Every outcome keeps the per-request records (the locustfile writes each
 # one, line-buffered, when its response arrives): they are the evidence of every phase.  Locust's own final CSV,
 # HTML and JSON summaries exist only after EXITED or STOPPED.  After TERMINATED or KILLED the requests in flight at the
-# stop are nowhere unless Locust had said its users stopped before the signal (``users_stopped_at``); otherwise the
-# phase that was running then is cut short (``mark_cut_short``): inconclusive, never a figure.
+# signal are nowhere unless Locust had said its users stopped before it (``users_stopped_at``); otherwise the phase
+# that was running then is cut short (``mark_cut_short``): inconclusive, never a figure.
 EXITED, STOPPED, TERMINATED, KILLED = "exited", "stopped", "terminated", "killed"
 PHASES = ("steady", "exposure", "settled", "exit")
 EMULATED_NOTE = ("load figures come from an emulated mesh (drills.mesh) on the embedded cluster; the drill "
                  "reproduces the weight in force, not the production pod arithmetic")
 
 
-class LoadRefused(ValueError):
-    """The load target or its bounds are refused; nothing was started."""
-
-
 def locustfile_path(name: str = DEFAULT_LOCUSTFILE) -> Path:
     p = Path(name)
     return p if p.is_absolute() else config.fixtures_dir() / "locustfiles" / name
-
-
-def check_target(url: str, target: str = "embedded") -> str:
-    """Return the URL when load may be sent to it; raise LoadRefused otherwise.
-
-    embedded: the host must be an IPv4 literal in 127.0.0.0/8, or a name that resolves only to such addresses.
-    kubeconfig (live): an http(s) URL given on the command line.
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise LoadRefused(f"load target {url!r} is not an http(s) URL")
-    if target != "embedded":
-        return url
-    loop = ipaddress.ip_network("127.0.0.0/8")
-    host = parts.hostname
-    try:
-        literal = ipaddress.ip_address(host)
-    except ValueError:
-        literal = None
-    if literal is not None:
-        if literal.version != 4 or literal not in loop:
-            raise LoadRefused(f"refusing load to {url}: {host} is outside 127.0.0.0/8; on the embedded cluster "
-                              f"load only goes to loopback addresses the drill started")
-        return url
-    try:
-        addrs = {ipaddress.ip_address(ai[4][0]) for ai in socket.getaddrinfo(host, None)}
-    except OSError:
-        addrs = set()
-    v4 = [a for a in addrs if a.version == 4]
-    if not v4 or any(a not in loop for a in v4) or any(not a.is_loopback for a in addrs):
-        raise LoadRefused(f"refusing load to {url}: {host!r} resolves to "
-                          f"{', '.join(sorted(map(str, addrs))) or 'nothing'}, not only to 127.0.0.0/8; on the "
-                          f"embedded cluster load only goes to loopback addresses the drill started")
-    return url
-
-
-# cloud metadata services (credentials live there) and the API server's in-cluster names: never a load target
-METADATA_NAMES = ("metadata", "metadata.google.internal", "metadata.goog", "instance-data",
-                  "instance-data.ec2.internal", "metadata.azure.com", "metadata.tencentyun.com")
-API_SERVER_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
-METADATA_ADDRESSES = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"),
-                      ipaddress.ip_network("fd00:ec2::254/128"), ipaddress.ip_network("100.100.100.200/32"),
-                      ipaddress.ip_network("192.0.0.192/32"))
-
-
-def _addresses(host: str) -> set:
-    """Every address ``host`` stands for: a literal (the shorthand forms too: 2852039166, 0xa9.0xfe.0xa9.0xfe), else
-    what it resolves to (empty when it does not resolve here)."""
-    bare = host.split("%", 1)[0]
-    try:
-        return {ipaddress.ip_address(bare)}
-    except ValueError:
-        pass
-    try:
-        return {ipaddress.ip_address(socket.inet_aton(bare))}
-    except OSError:
-        pass
-    try:
-        return {ipaddress.ip_address(ai[4][0].split("%", 1)[0]) for ai in socket.getaddrinfo(bare, None)}
-    except (OSError, UnicodeError, ValueError):
-        return set()
-
-
-def _port(parts) -> int | None:
-    try:
-        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    except ValueError:
-        return None
-
-
-def check_live_target(url: str, api_server: str | None = None) -> str:
-    """The live --service-url: an http(s) URL that is neither the API server's own address (the load would go to
-    the control plane) nor a link-local or cloud metadata address (169.254.0.0/16, fe80::/10, fd00:ec2::254, ...).
-    LoadRefused otherwise; nothing is sent to check it (a name is resolved, nothing more)."""
-    check_target(url, target="live")
-    parts = urlsplit(url)
-    try:
-        parts.port
-    except ValueError:
-        raise LoadRefused(f"load target {url!r}: not a valid port") from None
-    host = (parts.hostname or "").rstrip(".").lower()
-    if host in METADATA_NAMES:
-        raise LoadRefused(f"refusing load to {url}: {host} is a cloud metadata service")
-    if host in API_SERVER_NAMES:
-        raise LoadRefused(f"refusing load to {url}: {host} is the API server's in-cluster name")
-    addrs = _addresses(host)
-    for a in addrs:
-        a4 = a.ipv4_mapped if a.version == 6 and a.ipv4_mapped else a
-        if any(a4 in net for net in METADATA_ADDRESSES if net.version == a4.version) or a4.is_link_local:
-            raise LoadRefused(f"refusing load to {url}: {host} is a link-local or cloud metadata address ({a})")
-        if a4.is_unspecified or a4.is_multicast:
-            raise LoadRefused(f"refusing load to {url}: {a} is not a service address")
-    if api_server:
-        api = urlsplit(api_server)
-        api_host = (api.hostname or "").rstrip(".").lower()
-        api_addrs = _addresses(api_host)
-        loopback = bool(addrs) and bool(api_addrs) and all(a.is_loopback for a in addrs | api_addrs)
-        same_host = host == api_host or bool(addrs & api_addrs) or loopback
-        if same_host and _port(parts) == _port(api):
-            raise LoadRefused(f"refusing load to {url}: it is the API server's own address ({api_server}); give "
-                              f"the stage service's URL")
-    return url
 
 
 @dataclass
@@ -214,7 +106,8 @@ class LoadRun:
         self.cmd = [sys.executable, "-m", "locust", "-f",
                     f"{locustfile_path(spec.locustfile)},{locustfile_path(STOP_HOOK)}", "--headless",
                     "--host", spec.host, "-u", str(spec.users), "-r", str(spec.spawn_rate), "-t", f"{run_time}s",
-                    "--stop-timeout", "2", "--csv", str(self.csv_prefix), "--csv-full-history",
+                    # a user in a request at the stop finishes it (response or timeout, recorded) before it stops
+                    "--stop-timeout", str(math.ceil(spec.request_timeout_s) + 1), "--csv", str(self.csv_prefix), "--csv-full-history",
                     "--html", str(self.html), "--json-file", str(self.json.with_suffix("")),
                     "--only-summary", "--exit-code-on-error", "0", "--loglevel", "WARNING"]
         env = dict(os.environ, DRILLS_LOAD_RECORDS=str(self.records_path), DRILLS_LOAD_PATH=spec.path,
@@ -226,8 +119,10 @@ class LoadRun:
         self.deadline = time.monotonic() + run_time + KILL_GRACE_S
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, cwd=str(self.out), start_new_session=True,
-                                     preexec_fn=die_with_parent)
+                                     preexec_fn=_locust_preexec)
         self.ended_at: float | None = None
+        self.stop_requested_at: float | None = None     # the stop file written (or the SIGINT sent in its place)
+        self.signalled_at: float | None = None          # SIGTERM sent: Locust did not end on the stop request
         self.stopped_at: float | None = None
         self.stop_outcome: str | None = None
         self.killed = False
@@ -258,11 +153,13 @@ class LoadRun:
                                     (signal.SIGKILL, 30.0, KILLED)):
             try:
                 if sig is None:
+                    self.stop_requested_at = time.time()
                     try:
                         self.stop_file.touch()        # an empty file: no data block to find on a full disk
                     except OSError:                   # no file at all: Locust's own SIGINT, as a terminal sends it
                         os.killpg(self.proc.pid, signal.SIGINT)
                 else:
+                    self.signalled_at = self.signalled_at or time.time()
                     os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
@@ -283,17 +180,18 @@ class LoadRun:
         return rc
 
     def users_stopped_at(self) -> float | None:
-        """When Locust said its users had stopped (wall time; the stop hook writes it), or None."""
+        """When Locust said its users had stopped (wall time, within this run; the stop hook writes it), or None."""
         try:
             with open(self.stopped_file, "rb") as f:          # a few bytes: read under a budget all the same
                 at = json.loads(f.read(4096)).get("users_stopped_at")
-        except (OSError, ValueError, AttributeError):
+            at = float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+        except (OSError, ValueError, TypeError, AttributeError, OverflowError, RecursionError):
             return None
-        return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at) else None
+        return at if at is not None and self.started_at - 1.0 <= at <= time.time() + 1.0 else None
 
     def summary_files(self) -> list[Path]:
-        """Locust's own final summaries: written at a clean end (EXITED, STOPPED).  After SIGTERM or SIGKILL there
-        are none (its CSV, rewritten every second while it runs, may be left stale; HTML and JSON never come)."""
+        """Locust's own final summaries: written at a clean end (EXITED, STOPPED).  After SIGTERM or SIGKILL none is
+        used (the HTML never comes; a CSV or JSON there may be stale or written by a shutdown cut short)."""
         if self.stop_outcome not in (EXITED, STOPPED):
             return []
         return [p for p in (self.out / f"{self.spec.name}_stats.csv", self.html, self.json) if p.is_file()]
@@ -327,21 +225,35 @@ def run_load(host: str, out_dir: Path, **kw) -> LoadRun:
     return run
 
 
+def _locust_preexec() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)    # inherited ignored (a background job): Locust would never stop
+    die_with_parent()
+
+
 def mark_cut_short(stats: dict[str, dict], phases: dict[str, tuple[float, float]], run: LoadRun) -> None:
-    """A run that Locust did not end cleanly (SIGTERM or SIGKILL at the stop): the phases still open when the
-    signal came lose their requests in flight, so they are cut short (inconclusive, naming why).  A Locust that said
-    its users had stopped before the signal had nothing in flight: it lost only its own summaries."""
-    if run.stop_outcome not in (TERMINATED, KILLED) or run.stopped_at is None:
+    """The phases whose load is not all recorded are cut short (inconclusive, naming why):
+
+    - Locust's users stopped before drills asked (its own run time ran out): a phase still open then has no load
+      for the rest of it;
+    - a signal ended Locust (SIGTERM or SIGKILL after the stop request) before it said its users had stopped: the
+      phases open within a request timeout of the signal lose their requests in flight.  One that said so before
+      the signal had nothing in flight: it lost only its own summaries."""
+    stopped, asked = run.users_stopped_at(), run.stop_requested_at
+    if stopped is not None and (asked is None or stopped < asked):
+        for name, (_, end) in phases.items():
+            if name in stats and end > stopped + 1.0:
+                stats[name]["cut_short"] = (f"Locust's users stopped {end - stopped:.1f}s before phase {name} ended "
+                                            f"(its run time ran out before drills stopped it): the phase's load is "
+                                            f"not all recorded; log {run.log}")
+    if run.stop_outcome not in (TERMINATED, KILLED) or run.signalled_at is None:
         return
-    users_stopped = run.users_stopped_at()
-    if users_stopped is not None and users_stopped <= run.stopped_at:
+    if stopped is not None and stopped < run.signalled_at:
         return
     for name, (_, end) in phases.items():
-        if name in stats and end > run.stopped_at - run.spec.request_timeout_s:
-            stats[name]["cut_short"] = (f"Locust did not stop its users within {KILL_GRACE_S:g}s of the stop request "
-                                        f"and was {run.stop_outcome}: the requests in flight at the stop are not "
-                                        f"recorded; "
-                                        f"log {run.log}")
+        if name in stats and end > run.signalled_at - run.spec.request_timeout_s:
+            stats[name]["cut_short"] = (f"Locust had not stopped its users {KILL_GRACE_S:g}s after the stop request "
+                                        f"and was {run.stop_outcome}: the requests in flight at the signal are not "
+                                        f"recorded; log {run.log}")
 
 
 def read_records(path: Path) -> list[dict]:

@@ -187,7 +187,8 @@ def test_a_locust_stuck_after_its_users_stopped_is_killed_and_loses_no_request(s
     assert run.stop_outcome in (load.TERMINATED, load.KILLED), (run.stop_outcome, run.log.read_text()[-2000:])
     assert run.summary_files() == []
     stopped = run.users_stopped_at()
-    assert stopped is not None and stopped <= run.stopped_at, (stopped, run.stopped_at, run.log.read_text()[-2000:])
+    assert stopped is not None and run.stop_requested_at <= stopped < run.signalled_at, \
+        (run.stop_requested_at, stopped, run.signalled_at, run.log.read_text()[-2000:])
     recs = run.records()
     assert recs and max(r["end"] for r in recs) <= stopped
     phases = {"open": (min(r["t"] for r in recs), run.ended_at)}
@@ -195,6 +196,87 @@ def test_a_locust_stuck_after_its_users_stopped_is_killed_and_loses_no_request(s
     load.mark_cut_short(stats, phases, run)
     assert "cut_short" not in stats["open"], stats["open"]
     assert stats["open"]["requests"] == len(recs)
+
+
+class _Slow(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    delay_s = 3.0
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        with self.server.lock:
+            self.server.hits += 1
+        time.sleep(self.delay_s)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+@pytest.fixture
+def slow_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    srv.daemon_threads, srv.hits, srv.lock = True, 0, threading.Lock()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_users_that_stop_only_after_the_signal_leave_the_open_phase_cut_short(slow_server, tmp_path, monkeypatch):
+    """A request in flight when the grace runs out (the server answers in 3 s, the grace is 0.5 s): Locust is
+    signalled while its user is still in the request, so the users stop after the signal, not before it, and the
+    phase open at the signal is cut short whatever Locust writes on its way out."""
+    monkeypatch.setattr(load, "KILL_GRACE_S", 0.5)
+    url = f"http://127.0.0.1:{slow_server.server_address[1]}"
+    run = load.start_load(url, tmp_path, users=1, spawn_rate=1, run_time_s=120, rate_per_user=5, name="slow")
+    until("a first answer, then a request in flight", lambda: bool(run.records()) and slow_server.hits >= 2,
+          timeout=60, interval=0.1)
+    run.stop()
+    assert run.stop_outcome in (load.TERMINATED, load.KILLED), run.log.read_text()[-2000:]
+    stopped = run.users_stopped_at()
+    assert stopped is None or stopped >= run.signalled_at, (stopped, run.signalled_at)
+    recs = run.records()
+    phases = {"open": (min(r["t"] for r in recs), run.ended_at)}
+    stats = load.phase_stats(recs, phases)
+    load.mark_cut_short(stats, phases, run)
+    assert "in flight at the signal" in stats["open"].get("cut_short", ""), stats["open"]
+
+
+def test_users_stopped_by_their_run_time_leave_a_later_phase_cut_short(server, tmp_path):
+    """Locust's own run time (2 s) ends the users long before the drill's phase ends, and Locust then hangs on its
+    way out (so it is still running when the drill stops it): the phase is cut short, it has no load for its end."""
+    locustfile = tmp_path / "hangs_at_quit.py"
+    locustfile.write_text(HANGS_AT_QUIT.format(drill=str(load.locustfile_path())))
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    run = load.start_load(url, tmp_path / "out", users=2, spawn_rate=2, run_time_s=2, rate_per_user=5,
+                          name="short", locustfile=str(locustfile))
+    until("the users to stop at the run time", run.users_stopped_at, timeout=60, interval=0.2)
+    first = min(r["t"] for r in run.records())
+    phases = {"early": (first, first + 1.0), "long": (first, run.users_stopped_at() + 5.0)}
+    assert run.running()
+    run.stop()
+    stats = load.phase_stats(run.records(), phases)
+    load.mark_cut_short(stats, phases, run)
+    assert "cut_short" not in stats["early"], stats["early"]
+    assert "its run time ran out" in stats["long"]["cut_short"], stats["long"]
+
+
+def test_a_garbled_users_stopped_file_reads_as_unknown(server, tmp_path):
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    run = load.start_load(url, tmp_path, users=1, spawn_rate=1, run_time_s=120, rate_per_user=1, name="g")
+    try:
+        for text in ("[" * 4096, '{"users_stopped_at": ' + "9" * 4000 + "}", '{"users_stopped_at": 0}',
+                     '{"users_stopped_at": true}', '{"users_stopped_at": NaN}', "[1]", '"x"',
+                     '{"users_stopped_at": %f}' % (time.time() + 3600)):
+            run.stopped_file.write_text(text)
+            assert run.users_stopped_at() is None, text[:40]
+        run.stopped_file.write_text('{"users_stopped_at": %f}' % time.time())
+        assert run.users_stopped_at() is not None
+    finally:
+        run.stop()
 
 
 def test_a_locustfile_path_with_a_comma_is_refused(tmp_path):
