@@ -119,7 +119,7 @@ class LoadRun:
         self.deadline = time.monotonic() + run_time + KILL_GRACE_S
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=env, cwd=str(self.out), start_new_session=True,
-                                     preexec_fn=_locust_preexec)
+                                     preexec_fn=die_with_parent)
         self.ended_at: float | None = None
         self.stop_requested_at: float | None = None     # the stop file written (or the SIGINT sent in its place)
         self.signalled_at: float | None = None          # SIGTERM sent: Locust did not end on the stop request
@@ -223,11 +223,6 @@ def run_load(host: str, out_dir: Path, **kw) -> LoadRun:
     run = start_load(host, out_dir, **kw)
     run.wait()
     return run
-
-
-def _locust_preexec() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)    # inherited ignored (a background job): Locust would never stop
-    die_with_parent()
 
 
 def mark_cut_short(stats: dict[str, dict], phases: dict[str, tuple[float, float]], run: LoadRun) -> None:
