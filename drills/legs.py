@@ -115,9 +115,14 @@ def record_duration(leg: Leg, seconds: float) -> None:
         os.replace(tmp, p)
 
 
+MAX_ESTIMATE_S = 24 * 3600.0
+
+
 def estimate(leg: Leg, durations: dict[str, float]) -> float:
     lane = REGISTRY.get(leg.lane)
-    return durations.get(leg.id) or (lane.estimate_s if lane is not None else Runbook.estimate_s)
+    own = getattr(lane, "estimate_s", None)           # a plugin lane's may be anything: a sane number or the default
+    ok = isinstance(own, (int, float)) and not isinstance(own, bool) and 0 < own <= MAX_ESTIMATE_S
+    return durations.get(leg.id) or (float(own) if ok else Runbook.estimate_s)
 
 
 # --- shards ------------------------------------------------------------------------------------------------

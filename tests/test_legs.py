@@ -126,3 +126,12 @@ def test_every_built_in_lane_has_a_measured_estimate_for_shards():
     # the plan reads each lane's own estimate; a leg with a measured duration uses that instead
     assert legs.estimate(legs.Leg("v1.8.2", "escape"), {}) == lanes.get("escape").estimate_s != default
     assert legs.estimate(legs.Leg("v1.8.2", "escape"), {"v1.8.2/escape/stage": 42.0}) == 42.0
+
+
+@pytest.mark.parametrize("bad", ["300", -1000, 0, 10 ** 400, float("nan"), True, None])
+def test_a_lane_estimate_that_is_not_a_sane_number_counts_as_the_default(bad, monkeypatch):
+    # a lane another package registers sets its own estimate: a plan and its shards must not break on it
+    monkeypatch.setattr(lanes.get("escape"), "estimate_s", bad)
+    assert legs.estimate(legs.Leg("v1.8.2", "escape"), {}) == lanes.base.Runbook.estimate_s
+    shards = legs.assign_shards(legs.plan(["v1.8.2"], ["a", "escape"]), 2, {})
+    assert sorted(shards.values()) == [1, 2]

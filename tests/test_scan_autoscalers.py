@@ -312,6 +312,33 @@ def test_a_list_whose_items_are_not_a_list_is_unreadable_input(tmp_path):
     assert [x["name"] for x in json.loads(r.stdout)["rollouts"]] == ["b"]       # the rest of the file is read
 
 
+def test_only_the_lists_the_scan_reads_are_refused_for_non_list_items(tmp_path):
+    f = tmp_path / "list.yaml"
+    f.write_text(yaml.safe_dump({"apiVersion": "music.example/v1", "kind": "PlayList", "items": {"song": "x"}})
+                 + "---\n" + yaml.safe_dump({"apiVersion": "argoproj.io/v1alpha1", "kind": "RolloutList",
+                                             "items": "x"}) + "---\n" + yaml.safe_dump(rollout("b", replicas=20)))
+    r = drills("scan", f, "--controller", "v1.8.2", "--json", "--fail-on", "none")
+    assert r.returncode == 2 and "RolloutList: items must be a list" in r.stderr and "PlayList" not in r.stderr, \
+        r.stderr
+    assert [x["name"] for x in json.loads(r.stdout)["rollouts"]] == ["b"]
+
+
+def test_a_long_name_keeps_what_is_wrong_at_the_end_of_the_error_line():
+    with pytest.raises(ScanInputError) as e:
+        from_object(hpa("h" * 600, "orders", lo=0, hi=5), "t", file="m.yaml", line=1)
+    assert len(str(e.value)) < 500 and "characters cut" in str(e.value) and str(e.value).endswith("found 0")
+
+
+def test_a_keda_maximum_of_zero_is_refused():
+    with pytest.raises(ScanInputError, match="maxReplicaCount must be an integer 1"):
+        from_object(keda("k", "orders", lo=0, hi=0), "t", file="m.yaml", line=1)
+
+
+def test_a_rollout_at_zero_under_an_hpa_stays_at_zero():
+    d = _record("v1.8.2", rollout("orders", replicas=0), hpa("orders", "orders", lo=3, hi=60)).as_dict()
+    assert d["replicas"] == 0 and "an HPA leaves a target at zero alone" in d["replicas_basis"], d["replicas_basis"]
+
+
 def test_a_huge_value_is_cut_in_the_error_line(manifest):
     path = manifest(rollout("orders", replicas=20), hpa("orders", "orders", lo="x" * 200_000, hi=360))
     r = drills("scan", path, "--json", "--fail-on", "none")
@@ -337,8 +364,13 @@ def test_a_current_size_outside_the_range_is_predicted_where_the_autoscaler_move
 def test_a_target_kind_in_another_case_is_reported_unjoined(manifest):
     so = keda("orders", "orders", lo=10, hi=360)
     so["spec"]["scaleTargetRef"]["kind"] = "rollout"
-    out = scan_json(manifest(rollout("orders", replicas=20), so))
+    spaced = hpa("spaced", "orders", lo=2, hi=30)
+    spaced["spec"]["scaleTargetRef"]["kind"] = "Rollout "
+    out = scan_json(manifest(rollout("orders", replicas=20), so, spaced))
     (row,) = out["rollouts"]
     assert row["autoscaler"] is None and row["max_replicas"] is None
-    (u,) = out["autoscalers_unjoined"]
-    assert u["name"] == "orders" and u["target"]["kind"] == "rollout" and "case-sensitive" in u["why"], u
+    unjoined = {u["name"]: u for u in out["autoscalers_unjoined"]}
+    assert set(unjoined) == {"orders", "spaced"}
+    u = unjoined["orders"]
+    assert u["target"]["kind"] == "rollout" and "case-sensitive" in u["why"], u
+    assert unjoined["spaced"]["target"]["kind"] == "Rollout " and "is not 'Rollout'" in unjoined["spaced"]["why"]

@@ -5,10 +5,10 @@ Read from the same objects the Rollouts come from (manifests, chart and fleet re
 KEDA ``ScaledObject``s (``keda.sh/v1alpha1``) whose ``scaleTargetRef.kind`` is ``Rollout``.  Defaults as the APIs
 have them: an HPA's ``minReplicas`` 1 (``maxReplicas`` is required); a ScaledObject's ``minReplicaCount`` 0 and
 ``maxReplicaCount`` 100, its ``scaleTargetRef`` ``apiVersion`` apps/v1 and ``kind`` Deployment.  An autoscaler of
-anything else (a Deployment) is not the scan's.  A field of the wrong type, a negative count, a minimum above the
-maximum or an HPA without ``maxReplicas`` (or with ``minReplicas`` 0) is unreadable input, as a Rollout's are (file and line,
-exit 2).  A ``scaleTargetRef.kind`` that is "Rollout" in another case is read and reported unjoined: the API matches
-kinds case-sensitively.
+anything else (a Deployment) is not the scan's.  A field of the wrong type, a negative count, a maximum of 0, a
+minimum above the maximum, an HPA without ``maxReplicas`` or with ``minReplicas`` 0 is unreadable input, as a
+Rollout's are (file and line, exit 2).  A ``scaleTargetRef.kind`` that is "Rollout" in another case or with spaces is
+read and reported unjoined: the API matches kinds exactly.
 
 Joined: same namespace, ``scaleTargetRef.name``, kind Rollout, apiVersion ``argoproj.io/...``, within one scope
 (one cluster context, one app's render in a fleet, the manifests: the autoscaler's own file first, then all of
@@ -19,7 +19,8 @@ range either allows (the lowest minimum, the highest maximum) is predicted and t
 Sizes: the current size is ``spec.replicas`` (on a live cluster, what the autoscaler last wrote).  A manifest
 without ``spec.replicas`` (the autoscaler owns it) has no current size: ``exposed`` is predicted at the minimum and
 the row says so.  A spec.replicas outside the autoscaler's range is predicted where the autoscaler moves it (the
-nearer bound), and the row says so.  The predictions at the minimum and the maximum are predict.py's rules at those sizes.  At the
+nearer bound), and the row says so; a Rollout at 0 under HPAs only stays at 0 (an HPA does not scale a target at
+zero).  The predictions at the minimum and the maximum are predict.py's rules at those sizes.  At the
 maximum the safe-pod check runs on the remaining rung (the steps after the prescription); when that rung is
 exposed there, the two numbers that would close it:
 
@@ -135,7 +136,7 @@ def from_object(obj: dict, source: str, file: str | None = None, line: int | Non
         if not isinstance(v, str) or not v:
             raise ScanInputError(f"{kind} {name}: spec.scaleTargetRef.{what} must be a string, found {v!r}"[:300],
                                  file, at("spec", "scaleTargetRef", what))
-    if t_kind.lower() != "rollout":
+    if t_kind.strip().lower() != "rollout":
         return None
     t_api = t_api or ""
     lo_f, hi_f = FIELDS[kind]
@@ -154,7 +155,7 @@ def from_object(obj: dict, source: str, file: str | None = None, line: int | Non
         hi = DEFAULT_MAX[kind]
         defaulted.append(f"{hi_f} {hi} by default")
     else:
-        hi = _int(hi, f"{kind} {name}: spec.{hi_f}", file, at("spec", hi_f), minimum=1 if kind == HPA else 0)
+        hi = _int(hi, f"{kind} {name}: spec.{hi_f}", file, at("spec", hi_f), minimum=1)    # both APIs: at least 1
     if lo > hi:
         raise ScanInputError(f"{kind} {name}: spec.{lo_f} {lo} is above spec.{hi_f} {hi}", file,
                              at("spec", lo_f) if spec.get(lo_f) is not None else at("spec", hi_f))
@@ -203,6 +204,9 @@ def at_current(ro: ScannedRollout) -> tuple[ScannedRollout, str | None]:
     if ro.replicas_given:
         what = "the live spec.replicas, as the autoscaler last set it" if ro.origin.get("cluster") else "spec.replicas"
         lo, hi = sizes
+        if ro.replicas == 0 and all(a.kind == HPA for a in ro.autoscalers):
+            return ro, (f"current size 0 ({what}): an HPA leaves a target at zero alone (scaling is disabled until "
+                        f"something else scales it up)")
         if not lo <= ro.replicas <= hi:
             size = min(max(ro.replicas, lo), hi)
             return (dataclasses.replace(ro, replicas=size),

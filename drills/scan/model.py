@@ -33,8 +33,10 @@ class ScanInputError(BadInput):
     MAX_MESSAGE = 400           # a value echoed in the message is cut: one line, never the input's whole text
 
     def __init__(self, message: str, file: str | None = None, line: int | None = None):
-        if len(message) > self.MAX_MESSAGE:
-            message = message[:self.MAX_MESSAGE] + f"... ({len(message) - self.MAX_MESSAGE} more characters cut)"
+        if len(message) > self.MAX_MESSAGE:            # the start names the object, the end says what is wrong
+            cut = len(message) - self.MAX_MESSAGE
+            half = self.MAX_MESSAGE // 2
+            message = f"{message[:half]} ...({cut} characters cut)... {message[-half:]}"
         self.file, self.line, self.problem = file, line, message
         where = f"{file}:{line}: " if file and line else (f"{file}: " if file else "")
         super().__init__(where + message)

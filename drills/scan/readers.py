@@ -86,6 +86,10 @@ def rollouts_in(text: str, label: str, controller_version: str = "", default_nam
     return rollouts_of(objects(text, label), label, controller_version, default_namespace, origin, result)
 
 
+# the lists whose items the scan reads (yamlstream flattens them): one whose items are not a list holds nothing
+LIST_KINDS = ("List", *(f"{k}List" for k in (*ROLLOUT_KINDS, *scalers.KINDS)))
+
+
 def rollouts_of(objs: list, label: str, controller_version: str = "", default_namespace: str = "default",
                 origin: dict | None = None, result: ReadResult | None = None) -> ReadResult:
     """RolloutSpecs of objects already read by yamlstream.objects (counted by kind)."""
@@ -94,7 +98,7 @@ def rollouts_of(objs: list, label: str, controller_version: str = "", default_na
         kind = o.obj.get("kind")
         res.kinds[str(kind)] += 1
         items = o.obj.get("items")
-        if isinstance(kind, str) and kind.endswith("List") and items is not None and not isinstance(items, list):
+        if kind in LIST_KINDS and items is not None and not isinstance(items, list):
             # yamlstream flattens a List's items only when they are a list: anything else holds no object
             res.unreadable.append(ScanInputError(f"{kind}: items must be a list of objects, found "
                                                  f"{type(items).__name__}", label, o.line))
