@@ -81,7 +81,9 @@ class DrillProc:
         while todo:
             for child in parents.get(todo.pop(), []):
                 st = _stat(child)
-                if st and child not in self.tree:
+                # seen again: its command line now (one first seen between its fork and its exec showed the
+                # parent's), the same start ticks (a pid reused since is another process: replaced)
+                if st:
                     self.tree[child] = (st[1], cmdline(child))
                 todo.append(child)
 

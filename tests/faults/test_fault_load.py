@@ -10,7 +10,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from drills.procs import pid_alive
 from drills.wait import until
 
 pytestmark = pytest.mark.single_version
@@ -38,9 +37,8 @@ def service():
 
 
 def _locust(drill) -> list[int]:
-    """The drill's running Locust processes."""
-    drill.scan()
-    return [pid for pid, (_, cmd) in drill.tree.items() if "-m locust" in cmd and pid_alive(pid)]
+    """The drill's running Locust processes (their command lines read now, after their exec)."""
+    return drill.descendants("-m locust")
 
 
 @pytest.mark.parametrize("phase", [pytest.param("before", id="locust-killed-during-before")])
