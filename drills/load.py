@@ -25,6 +25,7 @@ import yaml
 from . import config
 from .load_target import LoadRefused, check_live_target, check_target  # noqa: F401  (also drills.load.*)
 from .ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NEUTRAL, PASS, UNVERIFIED
+from .names import is_plain_name
 from .procs import die_with_parent
 from .wait import until
 
@@ -68,6 +69,8 @@ class LoadSpec:
 
     def validate(self) -> None:
         check_target(self.host, self.target)
+        if not is_plain_name(self.name):       # it names every file of the run in out_dir
+            raise LoadRefused(f"load run name {self.name!r:.80} is not a plain name (letters, digits, ._+-)")
         if not 1 <= self.users <= MAX_USERS:
             raise LoadRefused(f"users must be 1..{MAX_USERS}, got {self.users}")
         if self.spawn_rate <= 0:

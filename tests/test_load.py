@@ -164,11 +164,12 @@ import time
 from locust import events
 
 exec(open({drill!r}).read())
+HANG_S = 3600                       # longer than any grace: the drill must signal it
 
 
 @events.quitting.add_listener
 def _hang(environment, **kw):       # a Locust stuck after its users stopped (writing its summaries, say)
-    time.sleep(3600)                # gevent's sleep (Locust patches time): its signal handlers still run
+    time.sleep(HANG_S)              # gevent's sleep (Locust patches time): its signal handlers still run
 """
 
 
@@ -198,9 +199,11 @@ def test_a_locust_stuck_after_its_users_stopped_is_killed_and_loses_no_request(s
     assert stats["open"]["requests"] == len(recs)
 
 
+SLOW_ANSWER_S = 3.0       # the slow server's answer time: longer than the stop's grace in the test that uses it
+
+
 class _Slow(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    delay_s = 3.0
 
     def log_message(self, *a):
         pass
@@ -208,7 +211,7 @@ class _Slow(BaseHTTPRequestHandler):
     def do_GET(self):
         with self.server.lock:
             self.server.hits += 1
-        time.sleep(self.delay_s)
+        time.sleep(SLOW_ANSWER_S)           # the server's own slowness, not a wait of the test
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
@@ -277,6 +280,13 @@ def test_a_garbled_users_stopped_file_reads_as_unknown(server, tmp_path):
         assert run.users_stopped_at() is not None
     finally:
         run.stop()
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", "", "x" * 300])
+def test_a_run_name_that_is_not_a_plain_name_is_refused_before_anything_is_written(name, tmp_path):
+    with pytest.raises(load.LoadRefused, match="not a plain name"):
+        load.start_load("http://127.0.0.1:9", tmp_path / "out", name=name)
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_a_locustfile_path_with_a_comma_is_refused(tmp_path):
