@@ -110,7 +110,8 @@ class LoadRun:
                     f"{locustfile_path(spec.locustfile)},{locustfile_path(STOP_HOOK)}", "--headless",
                     "--host", spec.host, "-u", str(spec.users), "-r", str(spec.spawn_rate), "-t", f"{run_time}s",
                     # a user in a request at the stop finishes it (response or timeout, recorded) before it stops
-                    "--stop-timeout", str(math.ceil(spec.request_timeout_s) + 1), "--csv", str(self.csv_prefix), "--csv-full-history",
+                    "--stop-timeout", str(math.ceil(spec.request_timeout_s) + 1),
+                    "--csv", str(self.csv_prefix), "--csv-full-history",
                     "--html", str(self.html), "--json-file", str(self.json.with_suffix("")),
                     "--only-summary", "--exit-code-on-error", "0", "--loglevel", "WARNING"]
         env = dict(os.environ, DRILLS_LOAD_RECORDS=str(self.records_path), DRILLS_LOAD_PATH=spec.path,

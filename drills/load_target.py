@@ -10,6 +10,7 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
+
 class LoadRefused(ValueError):
     """The load target or its bounds are refused; nothing was started."""
 
