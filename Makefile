@@ -22,7 +22,7 @@ wheel:
 	$(PYTHON) -m pip wheel --quiet --disable-pip-version-check --no-deps -w dist .
 
 toolchain: install
-	$(PYTHON) -m drills toolchain build --controller $(TEST_CONTROLLERS) --extra registry,prometheus
+	$(PYTHON) -m drills toolchain build --controller $(TEST_CONTROLLERS) --extra registry,prometheus,kube-state-metrics
 
 # The main job: the drills on the embedded default cluster, writing reports/.
 drills: install

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = tcs.add_parser("build", help="build components from Go modules into the cache")
     b.add_argument("--controller", default=None,
                    help=f"Argo Rollouts version(s), comma-separated, or 'all' (default {config.DEFAULT_CONTROLLER})")
-    b.add_argument("--extra", default="", help="optional components: registry,prometheus")
+    b.add_argument("--extra", default="", help="optional components: registry,prometheus,kube-state-metrics")
     b.add_argument("-j", "--jobs", type=int, default=None,
                    help="components built at a time (default: DRILLS_BUILD_JOBS, else 2 on two cores or more); "
                         "each still downloads its modules before it takes one of the cache's build slots")

@@ -18,6 +18,7 @@ HELM_VERSION = "v3.19.5"
 ISTIO_API_VERSION = "v1.32.0"
 REGISTRY_VERSION = "v3.1.2"
 PROMETHEUS_VERSION = "v0.316.0"
+KUBE_STATE_METRICS_VERSION = "v2.20.0"
 
 # Go toolchain for modules that declare a newer go directive than the machine's.
 NEWER_GO_TOOLCHAIN = "go1.27.3"

@@ -26,11 +26,11 @@ from drills.wait import WaitTimeout, until
 
 # --- a cold cache: the session builds its whole toolchain in the background from its first second ------------------
 # in the order the tests need it (etcd beside Kubernetes, kwok, the first controller, helm, then the second
-# controller, Prometheus, the registry), two components at a time (drills.toolchain.build_jobs); a test
-# that needs a component before it is built waits for it (drills.toolchain's locks) and says so.  Prometheus, the
+# controller, Prometheus, the registry, kube-state-metrics), two components at a time (drills.toolchain.build_jobs);
+# a test that needs a component before it is built waits for it (drills.toolchain's locks) and says so.  Prometheus, the
 # longest build, starts as soon as a slot frees after the first controller: the lanes and tests that need it
 # (alert, abort, escape) come last in a cold session.  Off with DRILLS_BACKGROUND_BUILD=0.
-SESSION_EXTRAS = ("prometheus", "registry")
+SESSION_EXTRAS = ("prometheus", "registry", "kube-state-metrics")
 _BUILDER: list[subprocess.Popen] = []     # ended with the session (and with the process, whatever way it ends)
 
 

@@ -1,11 +1,12 @@
 """`drills alerts`: the rules it writes pass `promtool check rules` and `promtool test rules` (unit tests written by
 hand in fixtures/alerts/pinned.test.yaml, and the ones drills.alerts.promtool generates for every Rollout of the
 fixture fleet); a rule broken on purpose fails them; the ramp formula; the command's contract (formats, --out,
-exit codes); the stand-in's /metrics page as kube-state-metrics would write it.  promtool is the toolchain's, built
-with Prometheus (drills.toolchain, waited for while another process builds it)."""
+exit codes); the real kube-state-metrics' page with the config they need.  promtool and kube-state-metrics are
+the toolchain's (drills.toolchain, waited for while another process builds them)."""
 from __future__ import annotations
 
 import copy
+import re
 import subprocess
 import sys
 
@@ -17,7 +18,9 @@ from drills.alerts import metrics, promtool
 from drills.alerts.ramp import RampParams, expected_ramp
 from drills.alerts.rules import ABORTED, BLIND, STUCK, rules_document
 from drills.cli import main
+from drills.kit import DrillRollout
 from drills.scan.readers import read_manifests
+from drills.wait import until
 
 FIXTURES = config.fixtures_dir() / "alerts"
 ROLLOUTS = FIXTURES / "rollouts.yaml"
@@ -198,27 +201,62 @@ def test_a_rollout_read_twice_with_other_sizes_gets_the_longest_ramp(capsys):
     assert len(doc["groups"]) == 6                                 # one group per namespace/name
 
 
-# --- the stand-in's page ----------------------------------------------------------------------------------
-ROLLOUT = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"namespace": "payments",
-                                                                                 "name": "checkout"},
-           "status": {"phase": "Progressing", "currentStepIndex": 4, "stableRS": "7d4b9c6f5",
-                      "currentPodHash": "5f6d8c7b9",
-                      "canary": {"weights": {"canary": {"weight": 5}, "stable": {"weight": 95}}}}}
+# --- the real kube-state-metrics with the config `drills alerts --ksm-config` writes ------------------------------
+_SAMPLE = re.compile(r'^([a-z_]+)\{([^}]*)\}\s+(\S+)$')
 
 
-def test_the_stand_in_writes_what_kube_state_metrics_would_with_the_config():
-    got = {(m, tuple(sorted(lb.items()))): v for m, _, lb, v in metrics.ksm_samples(ROLLOUT)}
-    base = metrics.ksm_labels("payments", "checkout")
-    assert got[(metrics.CANARY_WEIGHT, tuple(sorted(base.items())))] == 5.0
-    assert got[(metrics.STEP_INDEX, tuple(sorted(base.items())))] == 4.0
-    assert {dict(k[1])["phase"]: v for k, v in got.items() if k[0] == metrics.PHASE} == {
-        "Healthy": 0.0, "Progressing": 1.0, "Paused": 0.0, "Degraded": 0.0}
-    assert got[(metrics.POD_HASHES, tuple(sorted({**base, "stable_rs": "7d4b9c6f5",
-                                                   "current_pod_hash": "5f6d8c7b9"}.items())))] == 1.0
-    no_weights = copy.deepcopy(ROLLOUT)
-    del no_weights["status"]["canary"]
-    assert metrics.CANARY_WEIGHT not in {m for m, *_ in metrics.ksm_samples(no_weights)}
-    rc, out = promtool.check_metrics(metrics.exposition(metrics.ksm_samples(ROLLOUT), "(stand-in)"))
+def _samples(text: str, name: str) -> dict:
+    """metric name -> [(labels, value)] of one Rollout's samples in a /metrics page."""
+    out: dict = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            labels = dict(re.findall(r'([a-z_]+)="([^"]*)"', m.group(2)))
+            if labels.get("name") == name:
+                out.setdefault(m.group(1), []).append((labels, float(m.group(3))))
+    return out
+
+
+def test_the_real_kube_state_metrics_exports_what_the_rules_read(kube, cluster, namespace, tmp_path,
+                                                                  controller_version):
+    """kube-state-metrics, built from its module, run with the config the rules need, on two Rollouts the real
+    controller wrote the status of: one deployed and Healthy (its weights written), one whose traffic routing
+    objects do not exist (Degraded, no weights): each sample is the Rollout's status field, with the labels the
+    rules match on, and a missing field gives no sample."""
+    from kubernetes import client
+
+    from drills.alerts.ksm import KubeStateMetrics
+    from drills.rollout import degraded
+    from drills.shapes import RolloutSpec, manifests
+    spec = RolloutSpec(steps=[{"setWeight": 5}, {"pause": {"duration": "2s"}}], name="checkout",
+                       image_v1="registry.local/checkout:v1", image_v2="registry.local/checkout:v2")
+    d = DrillRollout(kube, namespace, spec, tmp_path / "drill", controller_version=controller_version)
+    d.deploy_v1()
+    co = client.CustomObjectsApi(kube)
+    lone = manifests(RolloutSpec(steps=[{"setWeight": 5}], name="lone"), namespace)["rollout"]
+    co.create_namespaced_custom_object(config.ARGO_GROUP, config.ARGO_VERSION, namespace, "rollouts", lone)
+    d.ro.wait("lone", degraded(), 60)
+    with KubeStateMetrics(cluster.kubeconfig, tmp_path, metrics.KSM_CONFIG) as ksm:
+        text = until("kube-state-metrics exports both Rollouts' status", ksm.metrics,
+                     lambda t: metrics.POD_HASHES in t and 'name="lone"' in t and 'name="checkout"' in t,
+                     timeout=60, interval=0.5)
+    for name in ("checkout", "lone"):
+        st = co.get_namespaced_custom_object(config.ARGO_GROUP, config.ARGO_VERSION, namespace, "rollouts",
+                                             name)["status"]
+        got, base = _samples(text, name), metrics.ksm_labels(namespace, name)
+        weight = ((st.get("canary") or {}).get("weights") or {}).get("canary", {}).get("weight")
+        assert got.get(metrics.CANARY_WEIGHT) == (None if weight is None else [(base, float(weight))])
+        step = st.get("currentStepIndex")
+        assert got.get(metrics.STEP_INDEX) == (None if step is None else [(base, float(step))])
+        assert {lb["phase"]: v for lb, v in got[metrics.PHASE]} == {
+            p: float(p == st["phase"]) for p in metrics.PHASES}
+        hashes = {k: st[f] for k, f in ((metrics.STABLE_LABEL, "stableRS"), (metrics.CURRENT_LABEL, "currentPodHash"))
+                  if f in st}
+        assert got.get(metrics.POD_HASHES) == ([({**base, **hashes}, 1.0)] if hashes else None)
+    checkout, lone = _samples(text, "checkout"), _samples(text, "lone")       # both cases were seen
+    assert checkout[metrics.CANARY_WEIGHT] == [(metrics.ksm_labels(namespace, "checkout"), 0.0)]
+    assert metrics.STEP_INDEX in checkout and metrics.CANARY_WEIGHT not in lone
+    rc, out = promtool.check_metrics(text)
     assert rc == 0, out
 
 

@@ -12,8 +12,9 @@ real Prometheus on the real controller's metrics, through four Rollouts of the d
   abort and resolves it.  (An abort sent while a revived ReplicaSet routed by subsets was partial was not acted on
   until it was available in a v1.8.2 run, lane A's exit posture: the stuck alert, not RolloutAborted, fired then.)
 
-Prometheus scrapes the controller's /metrics and, for the weight, the step and the phase, the drill's stand-in for
-kube-state-metrics (drills.alerts.standin: kube-state-metrics cannot be built here).  Each alert's changes are
+Prometheus scrapes the controller's /metrics and, for the weight, the step and the phase, the real kube-state-metrics
+(built from its module, drills.alerts.ksm) with the custom-resource-state config `drills alerts --ksm-config`
+writes.  Each alert's changes are
 marked on its Rollout's timeline; the verdicts come from Prometheus' own ``ALERTS`` samples and the recorded
 Rollout statuses.
 """
@@ -47,13 +48,13 @@ from .evidence import (
     scrape_seconds,
     stuck_now,
 )
+from .ksm import KubeStateMetrics
 from .metrics import CANARY_WEIGHT, PHASE, ROLLOUT_INFO, ROLLOUT_UNAVAILABLE, STEP_INDEX
 from .ramp import expected_ramp, parse_seconds
 from .rules import ABORTED, STUCK, expr_numbers
-from .standin import StandIn
 
 SCENARIOS = ("healthy", "normal", "held", "aborted")
-CONTROLLER_JOB, STANDIN_JOB = "argo-rollouts", "kube-state-metrics-standin"
+CONTROLLER_JOB, KSM_JOB = "argo-rollouts", "kube-state-metrics"
 SETTLE_S = 3.0                  # after the last change: room for one more scrape and evaluation
 
 
@@ -74,7 +75,7 @@ class AlertDrill:
         self.namespaces: dict[str, str] = {}
         self.rules: dict = {}
         self.prom: Prometheus | None = None
-        self.standin: StandIn | None = None
+        self.ksm: KubeStateMetrics | None = None
         self.watch: AlertWatch | None = None
         self.started_wall = time.time()
         self.checks: dict = {}
@@ -99,19 +100,20 @@ class AlertDrill:
                                             controller_version=self.version, audit_log=audit, controller_log=ctl_log)
         self._write_rules()
         ksm_config = yaml.safe_load(Path(self.args.ksm_config).read_text())
-        self.standin = StandIn(self.api, ksm_config, log=self.log).start()
+        c = self.cluster
+        self.ksm = KubeStateMetrics(c.kubeconfig, c.folder, ksm_config, register=c.register_process,
+                                    unregister=c.unregister_process, log=self.log)
         metrics_port = next(p["ports"][0] for p in self.cluster.status()["processes"]
                             if p["name"] == "rollouts-controller")
-        c = self.cluster
         self.prom = Prometheus(c.folder, {CONTROLLER_JOB: f"127.0.0.1:{metrics_port}",
-                                          STANDIN_JOB: self.standin.hostport},
+                                          KSM_JOB: self.ksm.hostport},
                                binary=Toolchain().component("prometheus") / "prometheus",
                                register=c.register_process, unregister=c.unregister_process,
                                interval_s=self.interval_s, rule_files=[Path(self.args.out)], honor_labels=True)
         self.prom.wait_scraped()
         self.watch = AlertWatch(self.prom, self._on_change, self.log).start()
         self.log(f"alert: Prometheus {self.prom.url} scrapes the controller (127.0.0.1:{metrics_port}) and the "
-                 f"stand-in for kube-state-metrics ({self.standin.hostport}); rules {self.args.out}")
+                 f"kube-state-metrics {self.ksm.version} ({self.ksm.hostport}); rules {self.args.out}")
         self._deploy()
 
     def _write_rules(self) -> None:
@@ -266,7 +268,7 @@ class AlertDrill:
                 "healthy": healthy_at(d.hash_v1)(ro), "samples": self._samples("held", STUCK, t_rb), "for_s": f,
                 "first_scrape": first_scrape(self.prom, STUCK, self.namespaces["held"], "held", *self._shape("held"),
                                              t_rb or self.started_wall),
-                "scrape_s": scrape_seconds(self.prom, STANDIN_JOB, t_rb or self.started_wall),
+                "scrape_s": scrape_seconds(self.prom, KSM_JOB, t_rb or self.started_wall),
                 "ramp": self._ramp("held"), "rollback_wall": t_rb, **self._stuck_facts("held", records)}
 
     def aborted(self) -> dict:
@@ -309,7 +311,7 @@ class AlertDrill:
 
     def inputs_present(self) -> dict:
         """Every metric the rules read has a series for the healthy Rollout (the real controller's names at this
-        version; the stand-in's), and every rule evaluates without error."""
+        version; kube-state-metrics'), and every rule evaluates without error."""
         ns = self.namespaces["healthy"]
         found = {}
         for metric in (ROLLOUT_INFO, CANARY_WEIGHT, STEP_INDEX, PHASE):
@@ -341,8 +343,8 @@ class AlertDrill:
             d.cleanup()
         if self.prom is not None:
             self.prom.stop()
-        if self.standin is not None:
-            self.standin.stop()
+        if self.ksm is not None:
+            self.ksm.stop()
         for ns in self.namespaces.values():
             try:
                 drop_namespace(self.api, ns)

@@ -9,7 +9,8 @@ partly available (the Istio UpdateHash guard returns before the status is persis
 through the whole held rollback (lane alert shows it), so no rule reads them.  The controller exports no weight:
 the canary weight, the step index and the Rollout's phase come from kube-state-metrics' custom-resource-state
 metrics on the Rollout's status, with the config ``KSM_CONFIG`` below (``drills alerts --ksm-config FILE``
-writes it):
+writes it; the alert drill runs kube-state-metrics ``config.KUBE_STATE_METRICS_VERSION``, built from its module,
+with it: drills.alerts.ksm):
 
     kube_customresource_rollout_canary_weight{customresource_group="argoproj.io", customresource_kind="Rollout",
         customresource_version="v1alpha1", namespace, name}        status.canary.weights.canary.weight
@@ -84,66 +85,3 @@ def ksm_labels(namespace: str, name: str) -> dict:
     """The labels kube-state-metrics puts on a custom-resource-state sample of this config."""
     return {"customresource_group": GROUP, "customresource_kind": KIND, "customresource_version": VERSION,
             "namespace": namespace, "name": name}
-
-
-def _at(obj, path: list):
-    for key in path:
-        if not isinstance(obj, dict) or key not in obj:
-            return None
-        obj = obj[key]
-    return obj
-
-
-def ksm_samples(rollout: dict, config: dict = KSM_CONFIG) -> list[tuple[str, str, dict, float]]:
-    """(metric, help, labels, value) of one Rollout as kube-state-metrics exports it with ``config`` (the subset of
-    custom-resource-state that config uses: labelsFromPath, Gauge metrics with a path, StateSet and Info; a missing
-    or non-numeric field gives no Gauge sample, as kube-state-metrics without nilIsZero, and an Info label whose
-    field is missing is left out)."""
-    out = []
-    for res in config["spec"]["resources"]:
-        gvk = res["groupVersionKind"]
-        api = f"{gvk['group']}/{gvk['version']}"
-        if rollout.get("kind", KIND) != gvk["kind"] or rollout.get("apiVersion", api) != api:
-            continue
-        prefix = res.get("metricNamePrefix", KSM_PREFIX)
-        labels = {"customresource_group": gvk["group"], "customresource_kind": gvk["kind"],
-                  "customresource_version": gvk["version"]}
-        for label, path in (res.get("labelsFromPath") or {}).items():
-            v = _at(rollout, path)
-            if isinstance(v, str):
-                labels[label] = v
-        for m in res["metrics"]:
-            each, metric = m["each"], f"{prefix}_{m['name']}" if prefix else m["name"]
-            if each.get("type") == "Gauge":
-                v = _at(rollout, each["gauge"]["path"])
-                if not isinstance(v, bool) and isinstance(v, (int, float)):
-                    out.append((metric, m.get("help", ""), dict(labels), float(v)))
-            elif each.get("type") == "StateSet":
-                ss = each["stateSet"]
-                v = _at(rollout, ss["path"])
-                if isinstance(v, str):
-                    out += [(metric, m.get("help", ""), {**labels, ss["labelName"]: s}, float(v == s))
-                            for s in ss["list"]]
-            elif each.get("type") == "Info":
-                own = {k: v for k, path in (each["info"].get("labelsFromPath") or {}).items()
-                       if isinstance(v := _at(rollout, path), str)}
-                out.append((metric, m.get("help", ""), {**labels, **own}, 1.0))
-    return out
-
-
-def exposition(samples: list[tuple[str, str, dict, float]], note: str = "") -> str:
-    """The Prometheus text format of the samples, one HELP/TYPE per metric."""
-    lines: list[str] = []
-    seen: set[str] = set()
-    for metric, help_text, labels, value in sorted(samples, key=lambda s: (s[0], sorted(s[2].items()))):
-        if metric not in seen:
-            seen.add(metric)
-            lines.append(f"# HELP {metric} {help_text}{' ' + note if note else ''}".replace("\n", " "))
-            lines.append(f"# TYPE {metric} gauge")
-        body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
-        lines.append(f"{metric}{{{body}}} {value:g}")
-    return "\n".join(lines) + "\n"
-
-
-def _escape(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

@@ -1,9 +1,9 @@
-"""Lane ``alert`` — the "stuck at the remaining rung" alert that ships with the prescription (brief §9.2, §10),
-proven on the real controller's metrics: `drills alerts` writes the rules for the drill's own Rollouts, promtool
-checks and unit-tests them, the real Prometheus evaluates them on the real controller's /metrics and the
-stand-in for kube-state-metrics (drills.alerts.standin), and four Rollouts show when they fire and when they stay
-quiet (drills.alerts.drill).  Fire and resolve times are marked on each Rollout's timeline and written in the
-rows (and the lane's report section)."""
+"""Lane ``alert`` — the "stuck at the remaining rung" alert that ships with the prescription (brief §9.2, §10), proven
+on the real controller's metrics: `drills alerts` writes the rules for the drill's own Rollouts, promtool checks and
+unit-tests them, the real Prometheus evaluates them on the real controller's /metrics and the real
+kube-state-metrics' custom-resource-state metrics (drills.alerts.ksm), and four Rollouts show when they fire and
+when they stay quiet (drills.alerts.drill).  Fire and resolve times are marked on each Rollout's timeline and
+written in the rows (and the lane's report section)."""
 from __future__ import annotations
 
 import time
@@ -12,11 +12,13 @@ from pathlib import Path
 
 from ..alerts.drill import AlertDrill
 from ..alerts.rules import ABORTED, STUCK
+from .. import config
 from ..config import version_order
 from ..ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from .base import Runbook, StepFailed, step
 
-STANDIN = "weight, step and phase from the drill's stand-in for kube-state-metrics (drills.alerts.standin)"
+WEIGHT_SOURCE = (f"weight, step and phase from kube-state-metrics {config.KUBE_STATE_METRICS_VERSION} "
+                 "custom-resource-state metrics (built from its module)")
 
 
 def _utc(wall: float | None) -> str:
@@ -29,7 +31,7 @@ class LaneAlert(Runbook):
     key = "alert"
     estimate_s = 100.0
     title = "the stuck-at-the-remaining-rung alert: fires when a rollback is held, quiet otherwise, on real metrics"
-    extras = ("prometheus",)
+    extras = ("prometheus", "kube-state-metrics")
 
     @cached_property
     def fx(self) -> dict:
@@ -60,7 +62,7 @@ class LaneAlert(Runbook):
         else:
             verdict = PASS if ok == exp[field] else FAIL
         return self.row(step_name, assertion, expected_text, observed_text, verdict, evidence=evidence,
-                        reason=reason, key=key, weight_source=STANDIN, **details)
+                        reason=reason, key=key, weight_source=WEIGHT_SOURCE, **details)
 
     @staticmethod
     def _timeline_reason(obs: dict) -> str | None:
@@ -244,7 +246,8 @@ class LaneAlert(Runbook):
         return [{"title": "Alerts: the stuck rollback fires, the others stay quiet", "columns":
                  ["controller version", *[c for c, _, _ in cols]], "rows": rows, "callouts": [],
                  "note": "Prometheus evaluates the rules drills alerts writes on the controller's own /metrics and "
-                         "on a stand-in for kube-state-metrics (the weight, the step and the phase); times are "
+                         f"on kube-state-metrics {config.KUBE_STATE_METRICS_VERSION}' custom-resource-state metrics "
+                         "(the weight, the step and the phase); times are "
                          "Prometheus' evaluation times (UTC)."}]
 
 

@@ -117,6 +117,12 @@ def optional_components() -> dict[str, Component]:
             # drills' Prometheus scrapes static targets only: without the service-discovery plugins (cloud SDKs,
             # client-go) it builds in about half the time; promtool's rule checks and unit tests do not use them
             tags=("remove_all_sd",)),
+        # the weight, step and phase of each Rollout for the alert rules (custom-resource-state metrics)
+        "kube-state-metrics": Component(
+            "kube-state-metrics", "k8s.io/kube-state-metrics/v2", config.KUBE_STATE_METRICS_VERSION,
+            {"kube-state-metrics": "k8s.io/kube-state-metrics/v2"},
+            ldflags=("-X github.com/prometheus/common/version.Version="
+                     f"{config.KUBE_STATE_METRICS_VERSION.lstrip('v')}",)),
     }
 
 
