@@ -56,7 +56,8 @@ def test_version_says_the_package_the_commit_and_the_components():
     assert v["components"] == {"kubernetes": config.KUBERNETES_VERSION, "kwok": config.KWOK_VERSION,
                                "etcd": config.ETCD_VERSION, "helm": config.HELM_VERSION,
                                "istio-api": config.ISTIO_API_VERSION, "registry": config.REGISTRY_VERSION,
-                               "prometheus": config.PROMETHEUS_VERSION}
+                               "prometheus": config.PROMETHEUS_VERSION,
+                               "kube-state-metrics": config.KUBE_STATE_METRICS_VERSION}
     assert v["controllers"]["supported"] == list(config.SUPPORTED_CONTROLLERS)
     go = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, timeout=60, cwd="/",
                         env=dict(os.environ, GOTOOLCHAIN="local"), preexec_fn=die_with_parent).stdout.strip()
