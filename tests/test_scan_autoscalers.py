@@ -374,3 +374,22 @@ def test_a_target_kind_in_another_case_is_reported_unjoined(manifest):
     u = unjoined["orders"]
     assert u["target"]["kind"] == "rollout" and "case-sensitive" in u["why"], u
     assert unjoined["spaced"]["target"]["kind"] == "Rollout " and "is not 'Rollout'" in unjoined["spaced"]["why"]
+
+
+# --- verification at the maximum ----------------------------------------------------------------------------------
+def test_verify_picks_an_autoscaled_rollout_at_its_maximum_where_the_window_is_open():
+    """The incident shape is closed at its 20 replicas and open at KEDA's 360: after the rules are covered, the
+    verification probes it as a shape of its own at the maximum, at the fewest replicas with the maximum's rule, peak
+    and exposure (41: the first count above the safe pod count 2 / 5 % = 40), and judges the maximum's prediction."""
+    from drills.scan.verify import pick, probe_spec
+    rec = _record("v1.8.2", rollout("orders", replicas=20), keda("orders", "orders", lo=10, hi=360))
+    plain = _record("v1.8.2", rollout("plain", replicas=2))
+    shapes, uncovered, _ = pick([rec, plain], 3)
+    at_max = [s for s in shapes if s.at_max]
+    assert len(at_max) == 1 and uncovered == []
+    s = at_max[0]
+    assert s.ro.replicas == 360 and s.pred is rec.sizes["max"] and s.pred.exposed and not rec.pred.exposed
+    assert s.probe_replicas == 41 and probe_spec(s).replicas == 41 and "replicas 360 (autoscaler maximum)" in s.label
+    assert {x.label for x in shapes if not x.at_max} == {
+        x.label for x in pick([rec, plain], 2)[0]}                         # the rules first: the maximum after them
+    assert [x for x in pick([rec, plain], 2)[0] if x.at_max] == []

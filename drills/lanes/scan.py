@@ -38,7 +38,7 @@ EXAMPLES = 20                    # Rollouts named per wave row (a fleet has thou
 
 class LaneScan(Runbook):
     key = "scan"
-    estimate_s = 210.0
+    estimate_s = 330.0
     title = "the scan's predicted rollback exposure (drills scan) judged by the real controller"
 
     def __init__(self, ctx):
@@ -111,7 +111,7 @@ class LaneScan(Runbook):
             shapes, self.uncovered, _ = pick(self.records, int(self.plan["verify"]))
         rows = []
         for s in shapes:
-            self.ctx.log(f"scan verify: {self.ctx.name} {s.label} (rule {s.record.pred.rule}, {s.count} "
+            self.ctx.log(f"scan verify: {self.ctx.name} {s.label} (rule {s.pred.rule}, {s.count} "
                          f"Rollout(s)), probed at replicas {s.probe_replicas}")
             c = run_shape(self.ctx.api, s, self.ctx.name, Path(self.ctx.evidence_dir) / "scan",
                           self.ctx.audit_log, self.ctx.log, controller_log_of(self.ctx.cluster.status())
@@ -127,7 +127,7 @@ class LaneScan(Runbook):
                 c["predicted"], c["observed"],
                 c["verdict"], evidence=c["evidence"], reason=c["reason"], key=key_of(s.label), rule=c["rule"],
                 predicted_pods=c["predicted_pods"], observed_pods=c["observed_pods"],
-                probe_replicas=c["probe_replicas"], replicas=c["replicas"], rollouts=c["rollouts"],
+                probe_replicas=c["probe_replicas"], replicas=c["replicas"], at_max=c["at_max"], rollouts=c["rollouts"],
                 example=c["example"], window_evidence=c["window_evidence"],
                 weights_while_partial=c["weights_while_partial"],
                 series_text=f"weights while partial [t, weight, available, target]: {c['weights_while_partial']}"))

@@ -8,6 +8,11 @@ its own, and becomes one comparison: predicted vs observed peak canary weight wh
 partial, and the pods that carried it.  A shape is probed at fewer replicas when its replicas would make the
 probe long, but only at a count whose prediction has the same rule, peak and exposure; pause durations are
 shortened (they do not enter the rollback path: the index jumps past them).
+
+An autoscaled Rollout is judged at its autoscaler's maximum too (the size an incident's load scales it to): a
+shape of its own, at ``replicas`` = the maximum, after the rules are covered and before the other fillers; probed
+at the fewest replicas (up to MAX_PROBE_REPLICAS_AT_MAX) whose prediction has the maximum's rule, peak and
+exposure, so an exposure that opens only above the safe pod count is probed where it is open.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from .predict import NOT_APPLICABLE_RULES, predict
 from .records import Record
 
 MAX_PROBE_REPLICAS = 4
+MAX_PROBE_REPLICAS_AT_MAX = 64   # an autoscaler's maximum: the window opens above the safe pod count (2 / 5 % = 40)
 HOLD_SECONDS = 15.0              # a shorter hold can end before the controller's write lands (TOOLCHAIN.md)
 PROBE_PAUSE = "2s"
 PROBE_STEP_FIELDS = {"setWeight", "pause", "setCanaryScale"}
@@ -35,17 +41,26 @@ class Shape:
     record: Record                 # the Rollout standing for the shape
     count: int                     # Rollouts with this shape
     probe_replicas: int
+    at_max: bool = False           # the Rollout at its autoscaler's maximum (record.sizes["max"])
 
     @property
     def ro(self):
+        if self.at_max:
+            return dataclasses.replace(self.record.ro, replicas=self.record.ro.size_range[1])
         return self.record.ro
+
+    @property
+    def pred(self):
+        """The prediction the shape judges: at the autoscaler's maximum, or at the Rollout's replicas."""
+        return self.record.sizes["max"] if self.at_max else self.record.pred
 
     @property
     def label(self) -> str:
         ro = self.ro
         extra = (f", replicaProgressThreshold {ro.rpt['type']} {ro.rpt['value']}" if ro.rpt else "") + \
             (", dynamicStableScale" if ro.dss else "")
-        return (f"{ro.routing} {steps_text(ro.steps)} replicas {ro.replicas} minPods "
+        return (f"{ro.routing} {steps_text(ro.steps)} replicas {ro.replicas}"
+                f"{' (autoscaler maximum)' if self.at_max else ''} minPods "
                 f"{'-' if ro.min_pods is None else ro.min_pods}{extra}")
 
 
@@ -66,18 +81,20 @@ def not_verifiable(r: Record) -> str | None:
     return None
 
 
-def _key(r: Record) -> tuple:
-    ro = r.ro
+def _key(ro) -> tuple:
     return (ro.controller_version, ro.routing, json.dumps(ro.steps, sort_keys=True), ro.replicas, ro.min_pods,
             json.dumps(ro.rpt, sort_keys=True), ro.dss, ro.max_weight)
 
 
-def probe_replicas(r: Record) -> int | None:
-    """The replicas to probe at: the shape's own when small, else the fewest with the same prediction."""
-    ro, p = r.ro, r.pred
-    if ro.replicas <= MAX_PROBE_REPLICAS:
+def probe_replicas(r: Record, at_max: bool = False) -> int | None:
+    """The replicas to probe at: the shape's own when small, else the fewest with the same prediction (at the
+    autoscaler's maximum: up to MAX_PROBE_REPLICAS_AT_MAX)."""
+    shape = Shape(r, 1, 0, at_max)
+    ro, p = shape.ro, shape.pred
+    limit = MAX_PROBE_REPLICAS_AT_MAX if at_max else MAX_PROBE_REPLICAS
+    if ro.replicas <= limit:
         return ro.replicas
-    for n in range(3, MAX_PROBE_REPLICAS + 1):
+    for n in range(3, limit + 1):
         q = predict(dataclasses.replace(ro, replicas=n), r.facts)
         if (q.rule, q.peak, q.exposed) == (p.rule, p.peak, p.exposed):
             return n
@@ -85,7 +102,8 @@ def probe_replicas(r: Record) -> int | None:
 
 
 def pick(records: list[Record], k: int) -> tuple[list[Shape], list[str], dict]:
-    """(shapes to probe, rules left uncovered, why other Rollouts are not verifiable)."""
+    """(shapes to probe, rules left uncovered, why other Rollouts are not verifiable).  Chosen: one shape per
+    predicted rule first, then the autoscaled Rollouts at their maximum, then the most common others."""
     groups: dict[tuple, list[Record]] = {}
     skipped: dict[str, int] = {}
     for r in records:
@@ -93,23 +111,31 @@ def pick(records: list[Record], k: int) -> tuple[list[Shape], list[str], dict]:
         if why:
             skipped[why] = skipped.get(why, 0) + 1
             continue
-        groups.setdefault(_key(r), []).append(r)
+        groups.setdefault((_key(r.ro), False), []).append(r)
+        if r.sizes and r.ro.size_range[1] != r.ro.replicas:
+            if r.sizes["max"].rule in NOT_APPLICABLE_RULES:
+                why = f"at the autoscaler's maximum: not applicable ({r.sizes['max'].rule})"
+                skipped[why] = skipped.get(why, 0) + 1
+                continue
+            groups.setdefault((_key(Shape(r, 1, 0, True).ro), True), []).append(r)
     shapes = []
-    for recs in groups.values():
-        n = probe_replicas(recs[0])
+    for (_, at_max), recs in groups.items():
+        n = probe_replicas(recs[0], at_max)
         if n is None:
-            why = "no probe-sized replica count keeps the prediction"
+            why = "no probe-sized replica count keeps the prediction" + (" at the autoscaler's maximum" if at_max
+                                                                         else "")
             skipped[why] = skipped.get(why, 0) + len(recs)
             continue
-        shapes.append(Shape(recs[0], len(recs), n))
-    shapes.sort(key=lambda s: (-s.record.exposed, -s.count, s.probe_replicas, s.label))
+        shapes.append(Shape(recs[0], len(recs), n, at_max))
+    shapes.sort(key=lambda s: (s.at_max, -s.pred.exposed, -s.count, s.probe_replicas, s.label))
     rules: list[str] = []
     for s in shapes:
-        if s.record.pred.rule not in rules:
-            rules.append(s.record.pred.rule)
-    chosen = [next(s for s in shapes if s.record.pred.rule == rule) for rule in rules][:k]
+        if s.pred.rule not in rules:
+            rules.append(s.pred.rule)
+    chosen = [next(s for s in shapes if s.pred.rule == rule) for rule in rules][:k]
+    chosen += [s for s in shapes if s.at_max and s not in chosen][:max(0, k - len(chosen))]
     chosen += [s for s in shapes if s not in chosen][:max(0, k - len(chosen))]
-    covered = {s.record.pred.rule for s in chosen}
+    covered = {s.pred.rule for s in chosen}
     return chosen, [r for r in rules if r not in covered], skipped
 
 
@@ -132,12 +158,13 @@ def run_shape(api, shape: Shape, version: str, evidence_dir: Path, audit_log=Non
               controller_log: Path | None = None) -> dict:
     """Probe one shape on the cluster behind ``api`` (controller ``version``) and compare: a dict with the
     predicted and observed peak and pods, the verdict and its reason, and the evidence."""
-    pred = shape.record.pred
+    pred = shape.pred
     probed = predict(dataclasses.replace(shape.ro, replicas=shape.probe_replicas), shape.record.facts)
     spec = probe_spec(shape)
     out = {"controller_version": version, "shape": shape.label, "rule": pred.rule, "rollouts": shape.count,
            "example": f"{shape.ro.source} {shape.ro.key}", "replicas": shape.ro.replicas,
-           "probe_replicas": shape.probe_replicas, "predicted": probed.peak, "predicted_pods": probed.carrying,
+           "at_max": shape.at_max, "probe_replicas": shape.probe_replicas, "predicted": probed.peak,
+           "predicted_pods": probed.carrying,
            "observed": None, "observed_pods": None, "verdict": INCONCLUSIVE, "reason": None, "evidence": None,
            "weights_while_partial": None, "window_evidence": []}
     ns = make_namespace(api, namespace_name(spec.name))
