@@ -10,9 +10,11 @@ from pathlib import Path
 
 from . import config, console, kube, lanes, legs, provenance, runner
 from . import report_command
+from .autoscale import external_metrics_for
 from .alerts import command as alerts_command
 from .cluster import ClusterError, ClusterInputError, EmbeddedCluster, remains
 from .cluster.embedded import audit_log_for
+from .cluster.external_metrics import ExternalMetricsError
 from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from .errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
 from .fleet import Fleet, base_sources, check_base_version
@@ -377,10 +379,15 @@ def cmd_probe(args) -> int:
             return EXIT_INCONCLUSIVE
         try:    # the cluster's processes watched: a probe without its controller or releaser stops at once
             st = cl.status()
-            with Watchdog(guard, [processes_alive(cluster_processes(st))]):
+            with Watchdog(guard, [processes_alive(cluster_processes(st))]), external_metrics_for(
+                    cl, api, args.scale_out is not None and args.scale_out_by == "hpa", _progress) as metrics:
                 obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=st.get("audit_log"),
                                    release=args.release, rollback_timeout=args.rollback_timeout,
-                                   controller_log=controller_log_of(st), scale_out_to=args.scale_out)
+                                   controller_log=controller_log_of(st), scale_out_to=args.scale_out,
+                                   hpa_metrics=metrics)
+        except ExternalMetricsError as e:
+            err(f"probe: {e}: the HPA cannot read its metric (--scale-out-by subresource writes the scale itself)")
+            return EXIT_INCONCLUSIVE
         except Interrupted as e:
             err(f"probe {e}; its namespace {ns} is removed; evidence so far: {out_dir}")
             return EXIT_INCONCLUSIVE

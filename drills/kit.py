@@ -380,6 +380,14 @@ class DrillRollout:
             self._saved_delay = float(self._availability.config().get("default_delay", 1.0))
             self._availability.set_default_delay(0.0)
 
+    def freeze_revived(self) -> None:
+        """The revived pods still held stay un-Ready until the drill releases them (a hold without a period takes
+        over before the periodic ones end, so none is released in between)."""
+        periodic = list(self._holds)
+        self.hold({HASH_LABEL: self.hash_v1}, None)
+        for hid in periodic:
+            self.release(hid)
+
     def rollback(self, template: dict | None = None) -> dict | None:
         """Roll back to v1 (``template``: the pod template to revert to; default the spec's own at v1)."""
         if self.spec.rollback_via == "undo":

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import timeline
+from .autoscale import HPAScaleOut
 from .kit import DrillRollout, Observation
 from .rollout import summarize_rollout
 from .shapes import RolloutSpec
@@ -37,15 +38,18 @@ EVENT_WITHIN_S = 30.0
 def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, controller_version: str, journal=None,
               log=None, audit_log: Path | None = None, release: str = AFTER_WINDOW,
               rollback_timeout: float | None = None, controller_log: Path | None = None,
-              scale_out_to: int | None = None) -> tuple[Observation, DrillRollout]:
+              scale_out_to: int | None = None, hpa_metrics=None) -> tuple[Observation, DrillRollout]:
     """One probe; the observation is inconclusive (``stopped_early``) when a wait ran out.  ``rollback_timeout``:
     seconds the rollback may take to settle (default: scaled with the shape, DrillRollout.settle_timeout);
     ``controller_log``: the embedded controller's log (``controller_log_of``), read for its word on the window;
     ``scale_out_to``: once the weight decision is on record, the Rollout is scaled to that many replicas through
     its scale subresource (as an autoscaler does) while the revived pods are still held, and what the controller
-    did is in the observation's ``extra["scale_out"]``."""
+    did is in the observation's ``extra["scale_out"]``; with ``hpa_metrics`` (drills.cluster.external_metrics,
+    started) the write is the real HPA controller's: an HPA on the Rollout (drills.autoscale), created before the
+    rollback, scales it when the drill raises its external metric."""
     drill = DrillRollout(api, namespace, spec, evidence_dir, journal=journal, log=log,
                          controller_version=controller_version, audit_log=audit_log, controller_log=controller_log)
+    autoscaler = None
     try:
         stage = "deploy v1"
         try:
@@ -59,6 +63,11 @@ def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, contro
             stage = "scale-down of v1"
             drill.log(f"probe: wait until the v1 ReplicaSet {drill.hash_v1} is scaled to 0")
             drill.wait_scaled_to_zero(drill.hash_v1)
+            if scale_out_to is not None and hpa_metrics is not None:
+                stage = "the HPA's first read of its metric"
+                autoscaler = HPAScaleOut(api, hpa_metrics, namespace, drill.name, spec.replicas, scale_out_to,
+                                         log=drill.log)
+                autoscaler.start()
         except WaitTimeout as e:
             reason = f"the probe's set-up ({stage}) did not finish: {e}"
             drill.log(f"probe: {reason}")
@@ -72,7 +81,7 @@ def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, contro
         try:
             if scale_out_to is not None:
                 wait_window_decided(drill, budget)
-                extra["scale_out"] = scale_out(drill, scale_out_to)
+                extra["scale_out"] = scale_out(drill, scale_out_to, autoscaler)
                 budget += drill.settle_timeout()
                 deadline = time.monotonic() + drill.settle_timeout()
             if release == AFTER_WINDOW and spec.availability_control:
@@ -89,6 +98,8 @@ def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, contro
         obs.extra.update(extra)
         return obs, drill
     finally:
+        if autoscaler is not None:
+            autoscaler.stop()
         drill.cleanup()
 
 
@@ -145,21 +156,45 @@ def _so_far(d: timeline.Derived, revived: str | None) -> str:
 
 # --- a scale-out while the revived ReplicaSet is partial ------------------------------------------------------
 SCALE_OUT_OBSERVE_S = 30.0      # after the controller resized the revived ReplicaSet: the weights it writes then
+WRITTEN_BY = {"subresource": "the drill wrote the Rollout's scale subresource (as an autoscaler does; no autoscaler "
+                             "ran)",
+              "hpa": "the HPA controller of the cluster's kube-controller-manager wrote it, on the drill's external "
+                     "metric (drills.autoscale)"}
 
 
-def scale_out(drill: DrillRollout, to: int) -> dict:
-    """Scale the Rollout to ``to`` replicas through its scale subresource (what an autoscaler writes) while the
-    revived pods are held, wait until the controller resizes the revived ReplicaSet (named wait, bounded), watch
-    the weights it writes for SCALE_OUT_OBSERVE_S more, and say what it did: the revived ReplicaSet's size before
-    and after, the weights written after the scale-out, and whether a weight rose above the share of the traffic
-    the available revived pods can carry (100 x available / replicas)."""
+def scale_out(drill: DrillRollout, to: int, autoscaler: HPAScaleOut | None = None) -> dict:
+    """Scale the Rollout to ``to`` replicas through its scale subresource while the revived pods are held (the
+    drill's own write, or, with ``autoscaler``, the real HPA controller's when the drill raises its metric; the held
+    pods then stay held until release_rest), wait until the controller resizes the revived ReplicaSet (named wait,
+    bounded), watch the weights it writes for SCALE_OUT_OBSERVE_S more, and say what it did: the revived
+    ReplicaSet's size before and after, the weights written after the scale-out, and whether a weight rose above the
+    share of the traffic the available revived pods can carry (100 x available / replicas)."""
     revived = drill.hash_v1
     before = drill.recording.derive()
     rs_before = before.replicasets.get(revived, [])
     spec_before = rs_before[-1][1] if rs_before else None
     frm = drill.spec.replicas
-    drill.log(f"probe: scale the Rollout {frm} -> {to} through its scale subresource while the revived pods are held")
-    drill.recording.mark("scale-out", response=drill.ro.scale(drill.name, to), replicas=to)
+    by = {}
+    if autoscaler is None:
+        drill.log(f"probe: scale the Rollout {frm} -> {to} through its scale subresource while the revived pods are "
+                  f"held")
+        drill.recording.mark("scale-out", response=drill.ro.scale(drill.name, to), replicas=to)
+        by = {"by": "subresource", "written_by": WRITTEN_BY["subresource"]}
+    else:
+        drill.log(f"probe: raise the HPA's external metric to {to} while the revived pods are held: the HPA "
+                  f"controller scales the Rollout {frm} -> {to}")
+        drill.freeze_revived()          # the HPA acts within its sync period: no revived pod released meanwhile
+        drill.recording.mark("scale-out", replicas=to, metric=autoscaler.metric, by="hpa")
+        t0 = time.time()
+        autoscaler.raise_load()
+        try:
+            hpa = autoscaler.wait_scaled(drill.ro)
+            by = {"hpa_wrote_within_s": round(time.time() - t0, 2),
+                  "hpa_last_scale_time": (hpa.get("status") or {}).get("lastScaleTime")}
+            by.update(by="hpa", written_by=WRITTEN_BY["hpa"])
+        except WaitTimeout as e:
+            by = {"by": "hpa", "hpa_wrote_within_s": None, "hpa_error": str(e)[:300],
+                  "written_by": f"the HPA controller did not write the Rollout's replicas: {str(e)[:200]}"}
 
     def after(d: timeline.Derived) -> tuple[float, list, list]:
         t_mark = next((t for t, name in d.markers if name == "scale-out"), math.inf)
@@ -179,16 +214,17 @@ def scale_out(drill: DrillRollout, to: int) -> dict:
     available = last[3] if last else 0
     share = round(100.0 * available / to, 2)
     above = [[round(t - t_mark, 2), w] for t, w in weights if w > share]
-    return {"from": frm, "to": to, "at": round(t_mark - d.t0, 2) if math.isfinite(t_mark) else None,
+    return {**by, "from": frm, "to": to, "at": round(t_mark - d.t0, 2) if math.isfinite(t_mark) else None,
             "revived_spec_before": spec_before, "revived_spec_after": last[1] if last else None,
             "revived_resized": resized, "revived_available": available,
             "weights_after": [[round(t - t_mark, 2), w] for t, w in weights],
             "share_of_available_pods": share, "weights_above_share": above,
-            "said": (f"the controller {'resized' if resized else 'did not resize'} the revived ReplicaSet "
-                     f"({spec_before} -> {last[1] if last else None}) and wrote "
+            "said": (f"the controller {'resized' if resized else 'did not resize'} the revived "
+                     f"ReplicaSet ({spec_before} -> {last[1] if last else None}) and wrote "
                      f"{'weights ' + str([w for _, w in weights]) if weights else 'no weight'} after the scale-out "
                      f"{frm} -> {to}; {available} revived pods available carry {share}% of the traffic at most"
-                     + (f"; weights above that: {[w for _, w in above]}" if above else ""))}
+                     + (f"; weights above that: {[w for _, w in above]}" if above else "")
+                     + f" (the scale-out: {by['written_by']})")}
 
 
 def release_rest(drill: DrillRollout) -> None:

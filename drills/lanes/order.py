@@ -14,8 +14,10 @@ assertion names that version's own lines (drills.branches, read from its source,
     inside the window -> the weight while partial, against the last rung (5); not applicable where the
     version's Rollout CRD lacks the field.
 (d) scale-out: the prescription [5, pause 10s], replicas 4, a rollback inside the window, then the Rollout scaled
-    to 8 through its scale subresource while the revived pods are held (what an autoscaler does) -> the weight
-    while partial against the last rung (5), and what the controller did with the revived ReplicaSet's size.
+    to 8 while the revived pods are held, by the cluster's real HPA controller on an external metric the drill
+    raises (drills.autoscale; on a cluster other than the embedded one, the drill writes the scale subresource
+    itself, and the row says so) -> the weight while partial against the last rung (5), and what the controller
+    did with the revived ReplicaSet's size.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from .. import branches, timeline
 from ..answer import condition_of
+from ..autoscale import HPAScaleOut, external_metrics_for
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..config import version_order
 from ..kit import REASON_INCOMPLETE, DrillRollout, Observation
@@ -317,17 +320,27 @@ class LaneOrder(Runbook):
         d.deploy_v1()
         d.deploy_v2()
         d.wait_scaled_to_zero(d.hash_v1)
-        rec = d.start_rollback(f"order-{STEP_SCALE_OUT}")
-        stopped, did = None, {}
-        try:
-            wait_window_decided(d, d.settle_timeout())
-            did = scale_out_while_held(d, fx["scale_out_to"])
-            release_rest(d)
-            d.wait_settled()
-        except WaitTimeout as e:
-            stopped = f"the rollback with its scale-out did not settle: {e}"
-        d.release_holds()
-        obs = rec.finish(extra={"scale_out": did}, stopped_early=stopped)
+        embedded = self.ctx.cluster is not None
+        with external_metrics_for(self.ctx.cluster, self.ctx.api, embedded, self.ctx.log) as metrics:
+            hpa = None if metrics is None else HPAScaleOut(self.ctx.api, metrics, d.ns, d.name, d.spec.replicas,
+                                                           fx["scale_out_to"], log=self.ctx.log)
+            try:
+                if hpa is not None:
+                    hpa.start()
+                rec = d.start_rollback(f"order-{STEP_SCALE_OUT}")
+                stopped, did = None, {}
+                try:
+                    wait_window_decided(d, d.settle_timeout())
+                    did = scale_out_while_held(d, fx["scale_out_to"], hpa)
+                    release_rest(d)
+                    d.wait_settled()
+                except WaitTimeout as e:
+                    stopped = f"the rollback with its scale-out did not settle: {e}"
+                d.release_holds()
+                obs = rec.finish(extra={"scale_out": did}, stopped_early=stopped)
+            finally:
+                if hpa is not None:
+                    hpa.stop()
         if not did.get("revived_resized") and not stopped:
             stopped = "the controller never resized the revived ReplicaSet after the scale-out: nothing was observed"
         verdict, reason = obs.verdict(exp.get("expected"), self.no_expectation)
@@ -335,12 +348,13 @@ class LaneOrder(Runbook):
             verdict, reason = INCONCLUSIVE, stopped
         peak = obs.peak_canary_weight_while_partial
         return self.row(
-            STEP_SCALE_OUT, f"a scale-out {d.spec.replicas} -> {fx['scale_out_to']} through the scale subresource "
-            f"while the revived ReplicaSet is partial: the weight stays at the last rung ({last_rung})",
+            STEP_SCALE_OUT, f"a scale-out {d.spec.replicas} -> {fx['scale_out_to']} "
+            f"{'by the HPA controller' if embedded else 'through the scale subresource'} while the revived "
+            f"ReplicaSet is partial: the weight stays at the last rung ({last_rung})",
             exp.get("expected"), peak, verdict, evidence=obs.timeline, reason=reason, key="peak-weight",
             polarity=HOLDS, shows=None if peak is None else peak <= last_rung, last_rung=last_rung,
             steps=steps_text(d.spec.steps), replicas=d.spec.replicas, scaled_to=fx["scale_out_to"],
-            controller_did=did.get("said"), scale_out=did,
+            controller_did=did.get("said"), scale_out=did, written_by=did.get("written_by"),
             partial_window_observed=obs.partial_window_observed, window_evidence=obs.window_evidence,
             weights_while_partial=obs.weights_while_partial, series=Path(obs.series).name,
             series_text=obs.describe(), revived_replicaset=obs.revived_hash)

@@ -3,8 +3,8 @@
 (a) end-of-steps: [5, pause 10s, 50], roll back inside rollbackWindow -> 50 while partial (100 = end-of-steps first)
 (b) mid-steps: replicas 4, [25, pause 10s, 75, pause], new pods held -> 25 while short at 75 (75 = mid-steps first)
 (c) hazard: [5, pause 10s] + replicaProgressThreshold {Pods, 1}: the weight while partial against the last rung.
-(d) scale-out: [5, pause 10s], replicas 4 scaled to 8 through the scale subresource while the revived pods are
-    held: the weight while partial against the last rung, and what the controller did.
+(d) scale-out: [5, pause 10s], replicas 4 scaled to 8 by the cluster's HPA controller (an external metric raised)
+    while the revived pods are held: the weight while partial against the last rung, and what the controller did.
 """
 import pytest
 
@@ -58,3 +58,6 @@ def test_scale_out_while_partial_keeps_the_last_rung_and_says_what_the_controlle
     did = row["details"]["scale_out"]
     assert did["revived_resized"] and did["revived_spec_after"] == did["to"] == 8, did
     assert row["details"]["controller_did"].startswith("the controller resized the revived ReplicaSet"), row
+    if lane.ctx.cluster is not None:         # the embedded cluster: the real HPA controller wrote the scale-out
+        assert did["by"] == "hpa" and did["hpa_wrote_within_s"] is not None and did["hpa_last_scale_time"], did
+        assert "HPA controller" in row["details"]["written_by"] and "by the HPA controller" in row["assertion"]
