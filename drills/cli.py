@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="once the rollback's weight decision is on record, scale the Rollout to N replicas through "
                          "its scale subresource (as an autoscaler does) while the revived pods are held, and report "
                          "what the controller did with the revived ReplicaSet's size and the weight")
-    pr.add_argument("--scale-out-by", choices=["hpa", "subresource"], default="hpa",
+    pr.add_argument("--scale-out-by", choices=["hpa", "subresource"], default=None,
                     help="who writes the scale-out: the cluster's real HPA controller, on an external metric the "
                          "drill raises (hpa, default), or the drill itself through the scale subresource")
     pr.add_argument("--keep-namespace", action="store_true")

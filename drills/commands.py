@@ -345,8 +345,9 @@ def _probe_spec(args) -> RolloutSpec:
         raise BadInput(f"--scale-out {args.scale_out}: give more replicas than --replicas ({args.replicas}), at most "
                        f"{MAX_PROBE_REPLICAS}" + (f" (--replicas must be below {MAX_PROBE_REPLICAS} for a scale-out)"
                                                   if args.replicas >= MAX_PROBE_REPLICAS else ""))
-    if args.scale_out is not None and args.availability_control != "on":
-        raise BadInput("--scale-out needs --availability-control on: the revived pods are held while it scales")
+    if args.scale_out is not None and args.availability_control != "on" or args.scale_out_by and args.scale_out is None:
+        raise BadInput("--scale-out needs --availability-control on (the revived pods are held while it scales), and "
+                       "--scale-out-by needs --scale-out")
     if args.expect is not None and not 0 <= args.expect <= 100:
         raise BadInput(f"--expect {args.expect}: a canary weight is 0..100")
     return RolloutSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
@@ -380,7 +381,7 @@ def cmd_probe(args) -> int:
         try:    # the cluster's processes watched: a probe without its controller or releaser stops at once
             st = cl.status()
             with Watchdog(guard, [processes_alive(cluster_processes(st))]), external_metrics_for(
-                    cl, api, args.scale_out is not None and args.scale_out_by == "hpa", _progress) as metrics:
+                    cl, api, args.scale_out is not None and args.scale_out_by != "subresource", _progress) as metrics:
                 obs, _ = run_probe(api, ns, spec, out_dir, version, log=_progress, audit_log=st.get("audit_log"),
                                    release=args.release, rollback_timeout=args.rollback_timeout,
                                    controller_log=controller_log_of(st), scale_out_to=args.scale_out,

@@ -381,8 +381,9 @@ class DrillRollout:
             self._availability.set_default_delay(0.0)
 
     def freeze_revived(self) -> None:
-        """The revived pods still held stay un-Ready until the drill releases them (a hold without a period takes
-        over before the periodic ones end, so none is released in between)."""
+        """The revived pods still held stay un-Ready until the drill releases them: a hold without a period, then
+        the drill's periodic holds ended (in a probe, the revived pods' one; a pod whose period ends in the instant
+        between the two writes may still be released)."""
         periodic = list(self._holds)
         self.hold({HASH_LABEL: self.hash_v1}, None)
         for hid in periodic:

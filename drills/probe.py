@@ -82,6 +82,9 @@ def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, contro
             if scale_out_to is not None:
                 wait_window_decided(drill, budget)
                 extra["scale_out"] = scale_out(drill, scale_out_to, autoscaler)
+                if not extra["scale_out"]["revived_resized"]:
+                    stopped = (f"the scale-out was not observed ({extra['scale_out']['written_by']}): the controller "
+                               f"never resized the revived ReplicaSet")
                 budget += drill.settle_timeout()
                 deadline = time.monotonic() + drill.settle_timeout()
             if release == AFTER_WINDOW and spec.availability_control:
@@ -91,7 +94,7 @@ def run_probe(api, namespace: str, spec: RolloutSpec, evidence_dir: Path, contro
             drill.wait_settled(max(1.0, deadline - time.monotonic()))
             wait_window_evidence(drill)
         except WaitTimeout as e:
-            stopped = f"the rollback did not settle within {budget:g}s: {e}"
+            stopped = stopped or f"the rollback did not settle within {budget:g}s: {e}"
             drill.log(f"probe: {stopped}; the evidence so far is kept")
         drill.release_holds()
         obs = rec.finish(extra=extra or None, stopped_early=stopped)

@@ -146,6 +146,7 @@ def test_live_only_flags_without_a_live_target_are_exit_2(drills_cmd, flags):
     (["probe", "--steps", "5,100", "--replicas", "4", "--scale-out", "501"], "--scale-out"),
     (["probe", "--steps", "5,100", "--replicas", "501"], "--replicas"),
     (["probe", "--steps", "5,100", "--scale-out", "8", "--availability-control", "off"], "--scale-out"),
+    (["probe", "--steps", "5,100", "--scale-out-by", "subresource"], "--scale-out-by needs --scale-out"),
     (["probe", "--steps", "5,100", "--hold", "inf"], "--hold"),
     (["probe", "--steps", "\uff15,100"], "unknown step"),
     (["probe", "--steps", "\u00b2"], "unknown step"),

@@ -393,3 +393,16 @@ def test_verify_picks_an_autoscaled_rollout_at_its_maximum_where_the_window_is_o
     assert {x.label for x in shapes if not x.at_max} == {
         x.label for x in pick([rec, plain], 2)[0]}                         # the rules first: the maximum after them
     assert [x for x in pick([rec, plain], 2)[0] if x.at_max] == []
+
+
+def test_verify_at_the_maximum_probes_the_fewest_replicas_and_only_where_the_maximum_differs():
+    from drills.scan.verify import pick
+    small = _record("v1.8.2", rollout("small", replicas=20), keda("small", "small", lo=10, hi=50))
+    shapes, _, _ = pick([small], 3)
+    assert [s.probe_replicas for s in shapes if s.at_max] == [41]      # 50 is within 64: still the fewest
+    same = _record("v1.8.2", rollout("same", steps=[{"setWeight": 1}, {"pause": {}}], replicas=20),
+                   keda("same", "same", lo=10, hi=360))
+    assert (same.sizes["max"].rule, same.sizes["max"].peak, same.sizes["max"].exposed) == \
+        (same.pred.rule, same.pred.peak, same.pred.exposed)
+    shapes, _, skipped = pick([same], 3)
+    assert [s.at_max for s in shapes] == [False] and not skipped          # the same prediction: probed once

@@ -22,7 +22,8 @@ from ..wait import WaitTimeout, until
 NAME = "kube-state-metrics"
 READY_TIMEOUT_S = 60.0
 SCRAPE_BUDGET = 4 << 20           # bytes of one /metrics read: the drill's few Rollouts take a few KiB
-# its own counter of the watches it started: a watch starts once the first list of the Rollouts is done
+# its own counter of the watches it started: with client-go's watch-list it counts when the stream opens, the
+# initial objects arriving just after (the drill's Rollouts are created later, and Prometheus' first scrape waits)
 _WATCH_OK = re.compile(r'^kube_state_metrics_watch_total\{[^}]*result="success"[^}]*\}\s+([0-9.e+]+)\s*$', re.M)
 
 

@@ -4,17 +4,23 @@ kube-controller-manager) scales a Rollout on them, as it does for KEDA's ScaledO
 serves its scalers' values through the same API).
 
 The kube-apiserver's aggregator reaches the server through an ``APIService`` whose Service is of type ExternalName
-``localhost`` (the aggregator resolves such a Service to its name and the APIService's port; an Endpoint may not
+``127.0.0.1`` (the aggregator resolves such a Service to its name and the APIService's port; an Endpoint may not
 hold a loopback address, so a ClusterIP Service could not lead there without a kube-proxy).  TLS with the embedded
 cluster's own admin certificate (the APIService skips verification: the server is on loopback, started by the
-drill).  One registration per cluster: ``start`` refuses when another live server holds it.  ``stop`` removes the
-APIService and the Service and closes the server, on every way out (context manager)."""
+drill); each connection's handshake runs in its own thread under a timeout, so a silent client stalls nobody.
+One registration per cluster: ``start`` refuses while the registered port answers on loopback (another drill's
+server), and takes over a registration whose server is gone; writes carry the resourceVersion they read, so two
+drills cannot both win, and ``stop`` deletes only the registration it wrote.  ``stop`` removes the APIService and
+the Service and closes the server on every way out (context manager, and any exception or signal in ``start``).
+A registration left by a killed drill is taken over by the next one, and goes with ``drills cluster down``."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import ssl
 import threading
+import time
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,7 +37,28 @@ API_SERVICE = f"{VERSION}.{GROUP}"
 NAMESPACE = "drills-system"
 SERVICE = "drills-external-metrics"
 READY_TIMEOUT_S = 60.0
+CONNECTION_TIMEOUT_S = 10.0      # a client's TLS handshake and request, per connection
 _PATH = re.compile(rf"^/apis/{re.escape(GROUP)}/{VERSION}/namespaces/([a-z0-9-]{{1,63}})/([A-Za-z0-9_.:-]{{1,253}})$")
+
+
+class _TLSServer(ThreadingHTTPServer):
+    """TLS per connection, in the connection's own thread (never in the accept loop), under a timeout."""
+    daemon_threads = True
+
+    def __init__(self, address, handler, ctx: ssl.SSLContext):
+        super().__init__(address, handler)
+        self.ctx = ctx
+
+    def finish_request(self, request, client_address):
+        request.settimeout(CONNECTION_TIMEOUT_S)
+        try:
+            tls = self.ctx.wrap_socket(request, server_side=True)
+        except (OSError, ValueError):
+            return
+        try:
+            self.RequestHandlerClass(tls, client_address, self)
+        finally:
+            tls.close()
 
 
 class ExternalMetricsError(ClusterError):
@@ -68,22 +95,21 @@ class ExternalMetrics:
 
             def log_message(self, *args):
                 pass
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(str(cert), str(key))
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.server = _TLSServer(("127.0.0.1", 0), Handler, ctx)
         self.port = self.server.server_address[1]
+        self._rv: str | None = None              # the APIService's resourceVersion as this drill wrote it
         self._thread: threading.Thread | None = None
-        self._registered = False
 
     # --- the values -----------------------------------------------------------------------------------------
     def set(self, namespace: str, metric: str, value: float) -> None:
+        if not math.isfinite(float(value)) or value < 0:
+            raise ValueError(f"an external metric is a finite number >= 0, not {value!r}")
         with self.lock:
             self.values[(namespace, metric)] = float(value)
 
     def _list(self, namespace: str, metric: str) -> dict:
-        import time
         with self.lock:
             value = self.values.get((namespace, metric))
             self.reads.append((time.time(), namespace, metric, value))
@@ -100,57 +126,63 @@ class ExternalMetrics:
 
     # --- life -----------------------------------------------------------------------------------------------
     def start(self) -> "ExternalMetrics":
-        reg = client.ApiregistrationV1Api(self.api)
         try:
-            held = reg.read_api_service(API_SERVICE)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            held = None
-        if held is not None and _available(held) and held.spec.service is not None and \
-                port_in_use(held.spec.service.port):          # a registration whose server is gone is taken over
-            raise ExternalMetricsError(f"the cluster's external metrics API ({API_SERVICE}) is served by another "
-                                       f"drill now (port {held.spec.service.port}): one at a time per cluster")
+            self._register()
+        except BaseException as e:          # a signal included: nothing of it is left registered or listening
+            self.stop()
+            if isinstance(e, (WaitTimeout, ApiException)):
+                raise ExternalMetricsError(str(e).splitlines()[0]) from None
+            raise
+        self.log(f"external metrics: {API_SERVICE} served on 127.0.0.1:{self.port} through the aggregator")
+        return self
+
+    def _register(self) -> None:
+        reg = client.ApiregistrationV1Api(self.api)
+        core = client.CoreV1Api(self.api)
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="external-metrics")
         self._thread.start()
-        core = client.CoreV1Api(self.api)
         svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": SERVICE, "namespace": NAMESPACE},
-               "spec": {"type": "ExternalName", "externalName": "localhost"}}
+               "spec": {"type": "ExternalName", "externalName": "127.0.0.1"}}
         apisvc = {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": API_SERVICE},
                   "spec": {"group": GROUP, "version": VERSION, "groupPriorityMinimum": 100, "versionPriority": 100,
                            "insecureSkipTLSVerify": True,
                            "service": {"name": SERVICE, "namespace": NAMESPACE, "port": self.port}}}
         try:
-            self._registered = True
-            _create_or_replace(lambda: core.create_namespaced_service(NAMESPACE, svc),
-                               lambda: core.replace_namespaced_service(SERVICE, NAMESPACE, dict(
-                                   svc, metadata=dict(svc["metadata"], resourceVersion=core.read_namespaced_service(
-                                       SERVICE, NAMESPACE).metadata.resource_version))))
-            _create_or_replace(lambda: reg.create_api_service(apisvc),
-                               lambda: reg.replace_api_service(API_SERVICE, dict(apisvc, metadata=dict(
-                                   apisvc["metadata"], resourceVersion=reg.read_api_service(
-                                       API_SERVICE).metadata.resource_version))))
-            until(f"the aggregator to serve {API_SERVICE} from 127.0.0.1:{self.port}",
-                  lambda: reg.read_api_service(API_SERVICE), lambda s: s.spec.service.port == self.port and
-                  _available(s), timeout=READY_TIMEOUT_S, interval=0.5,
-                  describe=lambda s: str([(c.type, c.status, c.message) for c in (s.status.conditions or [])]))
-        except (WaitTimeout, ApiException) as e:
-            self.stop()
-            raise ExternalMetricsError(str(e).splitlines()[0]) from None
-        self.log(f"external metrics: {API_SERVICE} served on 127.0.0.1:{self.port} through the aggregator")
-        return self
+            core.create_namespaced_service(NAMESPACE, svc)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        try:
+            self._rv = reg.create_api_service(apisvc).metadata.resource_version
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            held = reg.read_api_service(API_SERVICE)
+            port = held.spec.service.port if held.spec and held.spec.service else None
+            if port is not None and port != self.port and port_in_use(port):
+                raise ExternalMetricsError(f"the cluster's external metrics API ({API_SERVICE}) is served by another "
+                                           f"drill now (127.0.0.1:{port}): one at a time per cluster") from None
+            body = dict(apisvc, metadata=dict(apisvc["metadata"], resourceVersion=held.metadata.resource_version))
+            self._rv = reg.replace_api_service(API_SERVICE, body).metadata.resource_version  # 409 if another won
+        until(f"the aggregator to serve {API_SERVICE} from 127.0.0.1:{self.port}",
+              lambda: reg.read_api_service(API_SERVICE), lambda s: s.spec.service.port == self.port and
+              _available(s), timeout=READY_TIMEOUT_S, interval=0.5,
+              describe=lambda s: str([(c.type, c.status, c.message) for c in ((s.status and s.status.conditions)
+                                                                              or [])]))
 
     def stop(self) -> None:
-        if self._registered:
-            self._registered = False
+        if self._rv is not None:
             reg = client.ApiregistrationV1Api(self.api)
-            try:
-                if reg.read_api_service(API_SERVICE).spec.service.port == self.port:     # ours, not another's
-                    reg.delete_api_service(API_SERVICE)
+            try:                  # only the registration this drill wrote: another's resourceVersion differs (409)
+                held = reg.read_api_service(API_SERVICE)
+                if held.spec.service.port == self.port:
+                    reg.delete_api_service(API_SERVICE, body=client.V1DeleteOptions(
+                        preconditions=client.V1Preconditions(resource_version=held.metadata.resource_version)))
                     client.CoreV1Api(self.api).delete_namespaced_service(SERVICE, NAMESPACE)
             except ApiException as e:
-                if e.status != 404:
+                if e.status not in (404, 409):
                     self.log(f"external metrics: not unregistered: {e.reason}")
+            self._rv = None
         if self._thread is not None:
             self.server.shutdown()
             self._thread = None
@@ -164,16 +196,7 @@ class ExternalMetrics:
 
 
 def _available(s) -> bool:
-    return any(c.type == "Available" and c.status == "True" for c in (s.status.conditions or []) if s.status)
-
-
-def _create_or_replace(create, replace) -> None:
-    try:
-        create()
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        replace()
+    return any(c.type == "Available" and c.status == "True" for c in ((s.status and s.status.conditions) or []))
 
 
 def cluster_cert(cluster) -> tuple[Path, Path]:

@@ -9,10 +9,11 @@ partial, and the pods that carried it.  A shape is probed at fewer replicas when
 probe long, but only at a count whose prediction has the same rule, peak and exposure; pause durations are
 shortened (they do not enter the rollback path: the index jumps past them).
 
-An autoscaled Rollout is judged at its autoscaler's maximum too (the size an incident's load scales it to): a
-shape of its own, at ``replicas`` = the maximum, after the rules are covered and before the other fillers; probed
-at the fewest replicas (up to MAX_PROBE_REPLICAS_AT_MAX) whose prediction has the maximum's rule, peak and
-exposure, so an exposure that opens only above the safe pod count is probed where it is open.
+An autoscaled Rollout whose maximum predicts otherwise than its current size (another rule, peak or exposure) is
+judged at its autoscaler's maximum too (the size an incident's load scales it to): a shape of its own, at
+``replicas`` = the maximum, after the rules are covered and before the other fillers; probed at the fewest
+replicas (up to MAX_PROBE_REPLICAS_AT_MAX) whose prediction has the maximum's rule, peak and exposure, so an
+exposure that opens only above the safe pod count is probed where it is open.
 """
 from __future__ import annotations
 
@@ -92,9 +93,9 @@ def probe_replicas(r: Record, at_max: bool = False) -> int | None:
     shape = Shape(r, 1, 0, at_max)
     ro, p = shape.ro, shape.pred
     limit = MAX_PROBE_REPLICAS_AT_MAX if at_max else MAX_PROBE_REPLICAS
-    if ro.replicas <= limit:
+    if ro.replicas <= MAX_PROBE_REPLICAS:
         return ro.replicas
-    for n in range(3, limit + 1):
+    for n in range(3, min(limit, ro.replicas) + 1):
         q = predict(dataclasses.replace(ro, replicas=n), r.facts)
         if (q.rule, q.peak, q.exposed) == (p.rule, p.peak, p.exposed):
             return n
@@ -112,18 +113,20 @@ def pick(records: list[Record], k: int) -> tuple[list[Shape], list[str], dict]:
             skipped[why] = skipped.get(why, 0) + 1
             continue
         groups.setdefault((_key(r.ro), False), []).append(r)
-        if r.sizes and r.ro.size_range[1] != r.ro.replicas:
-            if r.sizes["max"].rule in NOT_APPLICABLE_RULES:
-                why = f"at the autoscaler's maximum: not applicable ({r.sizes['max'].rule})"
-                skipped[why] = skipped.get(why, 0) + 1
-                continue
-            groups.setdefault((_key(Shape(r, 1, 0, True).ro), True), []).append(r)
+        mx = r.sizes["max"] if r.sizes and r.ro.size_range[1] != r.ro.replicas else None
+        if mx is None or (mx.rule, mx.peak, mx.exposed) == (r.pred.rule, r.pred.peak, r.pred.exposed):
+            continue                 # no autoscaler, or its maximum predicts what the current size does
+        if mx.rule in NOT_APPLICABLE_RULES:
+            why = f"at the autoscaler's maximum only: not applicable ({mx.rule})"
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        groups.setdefault((_key(Shape(r, 1, 0, True).ro), True), []).append(r)
     shapes = []
     for (_, at_max), recs in groups.items():
         n = probe_replicas(recs[0], at_max)
         if n is None:
-            why = "no probe-sized replica count keeps the prediction" + (" at the autoscaler's maximum" if at_max
-                                                                         else "")
+            why = ("at the autoscaler's maximum only: " if at_max else "") + \
+                "no probe-sized replica count keeps the prediction"
             skipped[why] = skipped.get(why, 0) + len(recs)
             continue
         shapes.append(Shape(recs[0], len(recs), n, at_max))
