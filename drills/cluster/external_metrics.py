@@ -152,6 +152,9 @@ class ExternalMetrics:
         except ApiException as e:
             if e.status != 409:
                 raise
+            old = core.read_namespaced_service(SERVICE, NAMESPACE)
+            if old.spec.external_name != "127.0.0.1":             # another version's: the same name, set right
+                core.patch_namespaced_service(SERVICE, NAMESPACE, {"spec": svc["spec"]})
         try:
             self._rv = reg.create_api_service(apisvc).metadata.resource_version
         except ApiException as e:
