@@ -204,7 +204,7 @@ def _available(s) -> bool:
 
 def cluster_cert(cluster) -> tuple[Path, Path]:
     """The embedded cluster's admin certificate and key (its kwok PKI): the server's TLS identity."""
-    pki = Path(cluster.kwok_workdir) / "clusters" / cluster.name / "pki"
+    pki = Path(cluster.kwok_dir) / "pki"
     cert, key = pki / "admin.crt", pki / "admin.key"
     if not (cert.is_file() and key.is_file()):
         raise ExternalMetricsError(f"no admin certificate in {pki}: is the embedded cluster {cluster.name} up?")
