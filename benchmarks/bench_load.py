@@ -102,7 +102,7 @@ def main() -> int:
         while not port_file.exists():
             time.sleep(0.05)
         dport = int(port_file.read_text())
-        with mesh_server.MeshProcess(a.kubeconfig, ns, "web", "web", capacity_rps=100000, folder=tmp) as m:
+        with mesh_server.MeshProcess(a.kubeconfig, ns, "web", capacity_rps=100000, folder=tmp) as m:
             deadline = time.monotonic() + 60
             while m.state()["ready_per_subset"].get("stable", 0) < 2:
                 if time.monotonic() > deadline:

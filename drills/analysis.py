@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 import re
 
-from . import config, prometheus
+from . import config
+from .routers import istio
 from .shapes import RolloutSpec
 
 
@@ -16,7 +17,7 @@ def service_fqdn(name: str, namespace: str) -> str:
 
 def analysis_query(fx: dict, fqdn: str, per_revision: bool) -> str:
     a = fx["analysis"]
-    return prometheus.error_rate_query(fqdn, revision="{{args.canary-hash}}" if per_revision else None,
+    return istio.error_rate_query(fqdn, revision="{{args.canary-hash}}" if per_revision else None,
                                        reporter=a["reporter"], window=a["window"])
 
 

@@ -82,12 +82,15 @@ def keyer(*row_lists) -> callable:
 
 
 def controller_label(row: dict) -> str:
-    """A controller as every output names it: the release, or a user-built one's name (version + commit)."""
+    """A controller as every output names it: the release, or a user-built one's name (version + commit); with
+    ``on <router>`` after it when its row was observed through a router other than Istio (the default)."""
+    router = row.get("router")
+    tail = f" on {router}" if isinstance(router, str) and router and router != "istio" else ""
     if row.get("controller_name"):
-        return str(row["controller_name"])
+        return str(row["controller_name"]) + tail
     v = str(row.get("controller_version") or "unknown")
     sha = row.get("controller_sha256")
-    return f"{v} (sha256 {str(sha)[:12]})" if sha else v
+    return (f"{v} (sha256 {str(sha)[:12]})" if sha else v) + tail
 
 
 # --- what lanes say of their observations ------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from . import about, commands, config, lanes, legs, probe, runner
+from . import about, commands, config, lanes, legs, probe, routers, runner
 from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
 from .signals import Interrupted, SignalGuard
 
@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                   f"{','.join(lanes.DEFAULT_LANES)})")
     rn.add_argument("--variant", choices=legs.VARIANT_MODES, default=None,
                     help="lane A fixture: the seed's stage shape (default), the prod-shaped one, or both")
+    rn.add_argument("--router", default=None,
+                    help=f"traffic router(s) the lanes' Rollouts are routed by: {', '.join(routers.NAMES)}, "
+                         f"comma-separated, or all (default {routers.DEFAULT}); each lane runs on the routers it names")
     rn.add_argument("--availability-control", choices=["on", "off"], default=None, help="default on")
     rn.add_argument("--rollback-via", choices=["gitops", "undo"], default="gitops")
     rn.add_argument("-j", "--jobs", type=int, default=None,
@@ -149,7 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "steps: []")
     pr.add_argument("--replicas", type=int, default=2)
     pr.add_argument("--min-pods", type=int, default=1, help="minPodsPerReplicaSet")
-    pr.add_argument("--routing", choices=["subset", "host"], default="subset")
+    pr.add_argument("--router", choices=list(routers.NAMES), default=routers.DEFAULT,
+                    help=f"the traffic router the probe Rollout is routed by (default {routers.DEFAULT})")
+    pr.add_argument("--routing", choices=["subset", "host"], default=None,
+                    help="Istio: subsets of one Service (subset, default) or canaryService/stableService (host); "
+                         "nginx routes by host only")
     pr.add_argument("--controller", default=None)
     pr.add_argument("--hold", type=float, default=config.DEFAULT_HOLD_SECONDS,
                     help="seconds each revived pod is held before it may turn Ready (default 15)")

@@ -8,8 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import config, console, kube, lanes, legs, provenance, runner
-from . import report_command
+from . import config, console, kube, lanes, legs, provenance, report_command, runner
 from .autoscale import external_metrics_for
 from .alerts import command as alerts_command
 from .cluster import ClusterError, ClusterInputError, EmbeddedCluster, remains
@@ -22,14 +21,13 @@ from .helm import Helm, HelmError
 from .kubeconfig import files_of
 from .ledger import new_run_id
 from .outputs import check_output, reports_folder
-from .live import check_inputs as live_check_inputs
-from .live import run_live, run_live_b
-from .safety import LEASE_ANNOTATION
+from .live import check_inputs as live_check_inputs, run_live, run_live_b
 from .probe import controller_log_of, observation_dict, run_probe
 from .recorder import watch_rollout
 from .renderdiff import render_diff
 from .lease import release_lease
-from .safety import restore_journal
+from .routers import parse_names as parse_routers
+from .safety import LEASE_ANNOTATION, restore_journal
 from .scan import command as scan_command
 from .shapes import RolloutSpec
 from .signals import Interrupted, SignalGuard
@@ -161,7 +159,8 @@ def _embedded_only(args) -> list[str]:
                                   ("--durations", args.durations is not None),
                                   ("--availability-control", args.availability_control is not None),
                                   ("--controller-binary", args.controller_binary is not None),
-                                  ("--crds", args.crds is not None), ("--source", args.source is not None)) if on]
+                                  ("--crds", args.crds is not None), ("--source", args.source is not None),
+                                  ("--router", args.router is not None)) if on]
 
 
 def live_controller(spec: str | None) -> str | None:
@@ -213,7 +212,8 @@ def cmd_run(args) -> int:
     if not args.plan:
         reports_folder()
     versions = [binary.release] if binary else resolve_controller_versions(args.controller)
-    plan = legs.plan(versions, keys, args.variant or "stage", label=binary.label if binary else None)
+    plan = legs.plan(versions, keys, args.variant or "stage", label=binary.label if binary else None,
+                     router_names=parse_routers(args.router))
     durations = legs.read_durations(Path(args.durations) if args.durations else None)
     doc = legs.plan_document(plan, durations, shard, args.durations or str(legs.durations_file()))
     if args.plan:
@@ -351,7 +351,7 @@ def _probe_spec(args) -> RolloutSpec:
     if args.expect is not None and not 0 <= args.expect <= 100:
         raise BadInput(f"--expect {args.expect}: a canary weight is 0..100")
     return RolloutSpec(steps=steps, replicas=args.replicas, min_pods=args.min_pods, routing=args.routing,
-                       hold_seconds=args.hold, availability_control=args.availability_control == "on",
+                       router=args.router, hold_seconds=args.hold, availability_control=args.availability_control == "on",
                        rollback_via=args.rollback_via, scale_down_delay=args.scale_down_delay)
 
 
@@ -398,12 +398,12 @@ def cmd_probe(args) -> int:
                 drop_namespace(api, ns)
     reason = obs.inconclusive_reason()
     if args.json:
-        print(json.dumps(dict(observation_dict(obs, version, args.routing), inconclusive_reason=reason,
+        print(json.dumps(dict(observation_dict(obs, version, spec.routing, spec.router), inconclusive_reason=reason,
                               steps=args.steps, steps_list=spec.steps, scale_out=obs.extra.get("scale_out")),
                          indent=2))
     else:
         shown = steps_text(spec.steps) if spec.steps else ""
-        print(f"controller {version}, routing {args.routing}, steps [{shown}], replicas {args.replicas}, "
+        print(f"controller {version}, {spec.router} routing {spec.routing}, steps [{shown}], replicas {args.replicas}, "
               f"minPodsPerReplicaSet {args.min_pods}")
         print(f"  peak canary weight while the revived ReplicaSet was partial: {obs.peak_canary_weight_while_partial}")
         print(f"  weights written while partial [t, weight, available, target]: {obs.weights_while_partial}")

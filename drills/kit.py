@@ -1,7 +1,7 @@
-"""The drill kit: one Rollout with Istio routing that a drill deploys, rolls back and records.
+"""The drill kit: one routed Rollout that a drill deploys, rolls back and records.
 
-``DrillRollout`` owns the Rollout (one Service + DestinationRule subsets, as the seed's chart, or
-canaryService/stableService routed by host; see drills.shapes).  It deploys v1, then v2, waits until the v1
+``DrillRollout`` owns the Rollout and what routes its traffic (its router's objects: drills.routers, through
+drills.shapes).  It deploys v1, then v2, waits until the v1
 ReplicaSet is scaled to 0, and rolls back inside rollbackWindow while availability control holds the revived
 pods and releases them one at a time.  Lanes use it only through its public seams:
 
@@ -27,7 +27,7 @@ from typing import Callable
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import recorder, timeline
+from . import recorder, routers, timeline
 from .cluster.availability import Availability
 from .ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from .podtemplate import container_images
@@ -41,7 +41,7 @@ REASON_NOT_IN_WINDOW = "rollback not shown inside rollbackWindow (no SkipSteps e
 REASON_INCOMPLETE = "timeline incomplete"
 # the window check compares ReplicaSet creation timestamps, which have 1 s precision
 RS_CREATION_SPACING_S = 1.0
-# how long the VirtualService may take to return to all-stable after the Rollout is Healthy
+# how long the route may take to return to all-stable after the Rollout is Healthy
 ALL_STABLE_WITHIN_S = 30.0
 # the controller reacts to an available pod within ~10 s (TOOLCHAIN.md): per held pod, hold + this
 REACTION_S = 5.0
@@ -158,7 +158,9 @@ class Recording:
     def __init__(self, drill: "DrillRollout", label: str):
         self.drill, self.label = drill, label
         self.path = drill.evidence_dir / f"{label}{timeline.TIMELINE_SUFFIX}"
-        self.rec = recorder.Recorder(drill.api, drill.ns, drill.name, self.path, audit_log=drill.audit_log).start()
+        self.rec = recorder.Recorder(drill.api, drill.ns, drill.name, self.path, audit_log=drill.audit_log,
+                                     router=drill.spec.router).start()
+        self.route_kind = routers.get(drill.spec.router).route_kind
         self.result: dict | None = None
         try:
             self.log_offset = drill.controller_log.stat().st_size if drill.controller_log else 0
@@ -196,7 +198,7 @@ class Recording:
                      describe=describe or (lambda d: f"canary weights {[w for _, w in d.canary_weight]}"))
 
     def wait_weight(self, weight: int, timeout: float, why: str = "") -> timeline.Derived:
-        return self.wait(f"canary weight {weight} in the VirtualService{' ' + why if why else ''}",
+        return self.wait(f"canary weight {weight} in the {self.route_kind}{' ' + why if why else ''}",
                          lambda d: bool(d.canary_weight) and d.canary_weight[-1][1] == weight, timeout)
 
     def series_path(self) -> Path:
@@ -417,7 +419,7 @@ class DrillRollout:
         return d.weights_while_partial[-1][1]
 
     def wait_settled(self, timeout: float | None = None):
-        """Healthy at v1, then the VirtualService back to all-stable (when it does not, that is in the series)."""
+        """Healthy at v1, then the route back to all-stable (when it does not, that is in the series)."""
         self.ro.wait(self.name, healthy_at(self.hash_v1), timeout or self.settle_timeout(), progress=self.progress)
         try:
             self.recording.wait_weight(0, ALL_STABLE_WITHIN_S, "(all traffic on the stable again)")

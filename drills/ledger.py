@@ -3,7 +3,8 @@
 Fields (DESIGN.md §4): run_id, target, controller_version, lane, step, assertion, expected, observed,
 verdict, evidence; plus reason (for inconclusive / not_applicable), controller_sha256 and controller_name
 (user-built controllers: the version they report plus their commit), ``leg`` (the id of the leg of `drills run`
-that wrote the row, controller/lane/variant: a row is tied to its leg) and free-form details.  What a row means
+that wrote the row, controller/lane/variant[/router]: a row is tied to its leg), ``router`` (the traffic router it
+was observed through: istio, nginx; a row without one is Istio's) and free-form details.  What a row means
 for the prescription (drills.answer): ``id`` (lane/step/key), ``polarity`` (holds, hazard, neutral), ``shows``,
 ``fact`` and, for a version hazard, ``condition``.  Provenance: drills_version, drills_commit,
 kubernetes_version.  Several processes of one run (one per controller version) append to the same file under
@@ -76,7 +77,7 @@ class LedgerError(BadInput):
 
 REQUIRED = ("lane", "step", "assertion", "verdict", "controller_version")
 # the fields a row is keyed, paired, judged and shown on, when it has them (null or missing: not said)
-TYPED = {**{k: (str,) for k in ("id", "leg", "run_id", "shard_run_id", "controller_name", "controller_sha256",
+TYPED = {**{k: (str,) for k in ("id", "leg", "router", "run_id", "shard_run_id", "controller_name", "controller_sha256",
                                  "target", "polarity", "fact", "condition", "reason", "recorded_at",
                                  "recorded_verdict")},
          "shows": (bool,), "details": (dict,)}
@@ -110,7 +111,7 @@ def read_rows(path: Path) -> list[dict]:
 class Ledger:
     def __init__(self, run_dir: Path, run_id: str, target: str, controller_version: str,
                  controller_sha256: str | None = None, controller_name: str | None = None,
-                 kubernetes_version: str | None = None, leg: str | None = None):
+                 kubernetes_version: str | None = None, leg: str | None = None, router: str = "istio"):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "ledger.json"
         self.run_id = run_id
@@ -121,14 +122,16 @@ class Ledger:
         # the embedded cluster runs the pinned Kubernetes; a live target says its own (None: not known)
         self.kubernetes_version = kubernetes_version or (config.KUBERNETES_VERSION if target == "embedded" else None)
         self.leg = leg                                # the leg of `drills run` that writes these rows
+        self.router = router                          # the traffic router the rows were observed through
         self.rows: list[dict] = []
 
     def record(self, lane: str, step: str, assertion: str, expected, observed, verdict: str,
                evidence: str | None = None, reason: str | None = None, *, key: str | None = None,
                polarity: str = NEUTRAL, shows: bool | None = None, fact: str | None = None,
-               condition: str | None = None, **details) -> dict:
+               condition: str | None = None, router: str | None = None, **details) -> dict:
         """One row.  ``key`` makes the stable id lane/step/key; ``polarity``, ``shows``, ``fact`` and
-        ``condition`` say what the observation means for the prescription (drills.answer)."""
+        ``condition`` say what the observation means for the prescription (drills.answer); ``router``: the router
+        this observation went through when it is not the ledger's (a scan's probe of an nginx Rollout)."""
         if verdict not in VERDICTS:
             raise ValueError(f"unknown verdict {verdict!r}")
         if verdict in (INCONCLUSIVE, NOT_APPLICABLE) and not reason:
@@ -138,7 +141,8 @@ class Ledger:
         row = {
             "run_id": self.run_id, "target": self.target, "controller_version": self.controller_version,
             "id": make_id(lane, step, key or key_of(assertion)),
-            "lane": lane, "step": step, "assertion": assertion, "expected": expected, "observed": observed,
+            "lane": lane, "step": step, "router": router or self.router, "assertion": assertion, "expected": expected,
+            "observed": observed,
             "verdict": verdict, "evidence": self._rel(evidence), "reason": reason,
             "polarity": polarity,
             "shows": None if polarity == NEUTRAL or verdict not in (PASS, FAIL, UNVERIFIED) else shows,

@@ -1,7 +1,9 @@
 """Legs: the unit a run is made of, planned, balanced into shards, and timed.
 
-A leg is (controller, lane, variant).  A run's legs come in a stable order (versions as given, lanes in registry
-order, each lane's variants); ``--shard I/N`` takes a deterministic part of them: legs balanced by their
+A leg is (controller, lane, variant, router): its id ``controller/lane/variant``, with ``/router`` after it for a
+router other than the default (Istio), so the ids of Istio legs are those of runs before routers were a dimension.
+A run's legs come in a stable order (versions as given, lanes in registry order, each lane's variants, the routers
+each lane runs on); ``--shard I/N`` takes a deterministic part of them: legs balanced by their
 durations (the longest first onto the least-loaded shard, ties by leg id), so every leg is in exactly one shard
 when every shard plans with the same durations.  Durations are measured by every run and kept in the cache
 (``$DRILLS_CACHE/legs/durations.json``); a leg never measured counts with its lane's estimate.  The plan records
@@ -20,7 +22,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import config, inputs
+from . import config, inputs, routers
 from .errors import BadInput
 from .lanes import REGISTRY
 from .lanes.base import Runbook
@@ -36,10 +38,12 @@ class Leg:
     lane: str
     variant: str = "stage"
     label: str | None = None  # what the controller is called when it is not a release (user-built)
+    router: str = routers.DEFAULT
 
     @property
     def id(self) -> str:
-        return f"{self.label or self.controller}/{self.lane}/{self.variant}"
+        tail = "" if self.router == routers.DEFAULT else f"/{self.router}"
+        return f"{self.label or self.controller}/{self.lane}/{self.variant}{tail}"
 
     @property
     def slug(self) -> str:
@@ -62,10 +66,19 @@ def lane_variants(lane: str, mode: str) -> tuple[str, ...]:
     return (mode,) if mode in have else have[:1]
 
 
-def plan(versions: list[str], lanes: list[str], mode: str = "stage", label: str | None = None) -> list[Leg]:
+def plan(versions: list[str], lanes: list[str], mode: str = "stage", label: str | None = None,
+         router_names: list[str] | None = None) -> list[Leg]:
+    """Versions as given, then lanes in order, each lane's variants, then routers; a lane runs on the routers its
+    Runbook names (``routers``).  Routers asked for that no lane asked for runs on: BadInput."""
     if mode not in VARIANT_MODES:
         raise BadInput(f"--variant {mode!r}: choose from {', '.join(VARIANT_MODES)}")
-    return [Leg(v, lane, variant, label) for v in versions for lane in lanes for variant in lane_variants(lane, mode)]
+    names = router_names or [routers.DEFAULT]
+    for name in names:
+        if not any(name in REGISTRY[lane].routers for lane in lanes):
+            raise BadInput(f"--router {name}: none of the lanes {', '.join(lanes)} runs on it (lanes that do: "
+                           f"{', '.join(k for k, c in REGISTRY.items() if name in c.routers) or 'none'})")
+    return [Leg(v, lane, variant, label, router) for v in versions for lane in lanes
+            for variant in lane_variants(lane, mode) for router in names if router in REGISTRY[lane].routers]
 
 
 # --- durations ---------------------------------------------------------------------------------------------

@@ -1,28 +1,20 @@
-"""Mesh emulator for the embedded cluster — an EMULATION, not a service mesh.
+"""Mesh emulator for the embedded cluster — an EMULATION, not a service mesh or an ingress controller.
 
-No Envoy or Istio data plane runs on the embedded cluster (there are no containers and no sidecars).  This
-module stands in for the data path of one Istio-routed service so that drills can be run under load:
+No Envoy, Istio or ingress-nginx data plane runs on the embedded cluster (there are no containers and no
+sidecars).  This module stands in for the data path of one routed service so that drills can be run under load:
 
-* it WATCHES (Kubernetes watch with relist on 410 Gone, never a poll) one VirtualService
-  (``networking.istio.io/v1alpha3``; ``spec.http[0].route[]`` with ``destination.host``/``subset`` and
-  ``weight``), the DestinationRule whose subsets (``canary``/``stable``) carry the
-  ``rollouts-pod-template-hash`` label the Argo Rollouts controller writes, the Pods of the namespace, and
-  optionally a ConfigMap holding injected faults;
-* for every request on its HTTP front (127.0.0.1 only) it picks a subset by the weights in force, finds the
-  Ready pods matching the subset's labels and lets the least-loaded one serve if it has capacity (a token
-  bucket of ``capacity_rps`` requests/second per Ready pod).  Over capacity it answers 503 (Envoy's
-  ``UO`` overflow), with no Ready pod 503 ``no healthy upstream`` (Envoy's ``UH``).  A per-revision error
-  rate (keyed by pod-template-hash or image tag) turns served requests into 500s: a broken release;
-* it exposes ``/metrics`` in the Prometheus text format, shaped like Istio's standard metrics
-  ``istio_requests_total`` and ``istio_request_duration_milliseconds``, plus a ``revision`` label (the
-  pod-template-hash) that the seed's fleet lacked.
-
-Which Istio reporter the metrics stand for: every request is counted once with ``reporter="source"`` (what
-the caller's proxy / the ingress gateway sees: all requests, including the 503s produced before any pod is
-reached) and, when a pod was reached, once more with ``reporter="destination"`` (what the server-side
-sidecar sees: served requests and the application's injected errors).  So, as in a real mesh, a query on
-``reporter="destination"`` (the seed's error-rate query) does not see ``no healthy upstream`` or overflow
-503s; a query on ``reporter="source"`` does.
+* it WATCHES (Kubernetes watch with relist on 410 Gone, never a poll) the objects the Rollout's router writes
+  (drills.routers: the router names them and turns them into a route table of weighted destinations, each with
+  the labels of its pods: a subset's labels, or a Service's selector that carries the ``rollouts-pod-template-hash``
+  the Argo Rollouts controller writes), the Pods of the namespace, and optionally a ConfigMap holding injected
+  faults;
+* for every request on its HTTP front (127.0.0.1 only) it picks a destination by the weights in force, finds the
+  Ready pods matching its labels and lets the least-loaded one serve if it has capacity (a token bucket of
+  ``capacity_rps`` requests/second per Ready pod).  Over capacity it answers 503 (Envoy's ``UO`` overflow), with
+  no Ready pod 503 ``no healthy upstream`` (Envoy's ``UH``).  A per-revision error rate (keyed by
+  pod-template-hash or image tag) turns served requests into 500s: a broken release;
+* it exposes ``/metrics`` in the Prometheus text format, shaped as the router's data plane exports them (the
+  router's metrics, with a ``revision`` label: the pod-template-hash the seed's fleet lacked).
 
 Admin endpoints (loopback only, same port): ``GET /-/ready`` (200 once every watch has listed),
 ``GET /-/state`` (routing table as JSON), ``GET|POST /-/faults`` (JSON ``{"error_rate": {rev: ratio},
@@ -30,12 +22,11 @@ Admin endpoints (loopback only, same port): ``GET /-/ready`` (200 once every wat
 (keys ``error-rate`` and ``latency-ms``, each a JSON or YAML mapping revision → value) are merged under the
 admin ones.
 
-Run: ``python -m drills.mesh_server --kubeconfig K --namespace NS --virtualservice VS --destinationrule DR
---port P --capacity-rps N`` (drills.mesh_server; this module is the routing core, no I/O).
+Run: ``python -m drills.mesh_server --kubeconfig K --namespace NS --router istio --route NAME --port P
+--capacity-rps N`` (drills.mesh_server; this module is the routing core, no I/O).
 """
 from __future__ import annotations
 
-import bisect
 import ipaddress
 import json
 import random
@@ -43,16 +34,12 @@ import threading
 from dataclasses import dataclass
 
 from .config import HASH_LABEL
-ISTIO_GROUP = "networking.istio.io"
-DEFAULT_ISTIO_VERSION = "v1alpha3"
+from .routers import Route
+
 NO_HEALTHY_UPSTREAM = "no healthy upstream"
 OVERFLOW_BODY = "upstream connect error or disconnect/reset before headers. reset reason: overflow"
-# Istio's default buckets for istio_request_duration_milliseconds.
-DURATION_BUCKETS_MS = (0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000,
-                       300000, 600000, 1800000, 3600000)
-EMULATION_NOTE = ("EMULATION: requests are routed by an emulated mesh (drills.mesh), not by Envoy/Istio; "
-                  "metrics are Istio-shaped, reporter=source for all requests, reporter=destination for "
-                  "requests that reached a pod")
+EMULATION_NOTE = ("EMULATION: requests are routed by an emulated mesh (drills.mesh), not by the router's data "
+                  "plane; metrics are shaped as the router's")
 
 
 class NotLoopback(ValueError):
@@ -73,13 +60,6 @@ def require_loopback(host: str) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # Pure routing core: plain data in, a decision out.  No I/O, the clock and the random source are arguments.
 # ---------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Route:
-    host: str
-    subset: str | None
-    weight: int
-
-
 @dataclass
 class PodInfo:
     name: str
@@ -124,30 +104,6 @@ class TokenBucket:
             self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
             self.last = now
         return self.tokens
-
-
-def parse_routes(vs: dict | None) -> list[Route]:
-    """spec.http[0].route[] of a VirtualService; a single route without weight carries 100."""
-    if not vs:
-        return []
-    http = (vs.get("spec") or {}).get("http") or []
-    if not http:
-        return []
-    routes = http[0].get("route") or []
-    out = []
-    for r in routes:
-        d = r.get("destination") or {}
-        w = r.get("weight")
-        if w is None:
-            w = 100 if len(routes) == 1 else 0
-        out.append(Route(d.get("host", ""), d.get("subset"), int(w)))
-    return out
-
-
-def parse_subsets(dr: dict | None) -> dict[str, dict]:
-    if not dr:
-        return {}
-    return {s.get("name"): dict(s.get("labels") or {}) for s in (dr.get("spec") or {}).get("subsets") or []}
 
 
 def pod_info(pod: dict) -> PodInfo:
@@ -201,7 +157,6 @@ class Router:
         self.burst = max(1.0, self.capacity_rps * burst_seconds)
         self.rng = rng or random.Random()
         self.routes: list[Route] = []
-        self.subsets: dict[str, dict] = {}
         self.pods: dict[str, PodInfo] = {}
         self.error_rate: dict[str, float] = {}
         self.latency_ms: dict[str, float] = {}
@@ -218,9 +173,9 @@ class Router:
         if route is None:
             return Decision(503, NO_HEALTHY_UPSTREAM, "NR")
         subset = route.subset or ""
-        if route.subset is not None and route.subset not in self.subsets:
+        if route.labels is None:           # a subset or Service the route names is not there: no cluster
             return Decision(503, NO_HEALTHY_UPSTREAM, "NC", host=route.host, subset=subset)
-        ready = matching_ready(self.pods, self.subsets.get(route.subset, {}) if route.subset else {})
+        ready = matching_ready(self.pods, route.labels)
         if not ready:
             return Decision(503, NO_HEALTHY_UPSTREAM, "UH", host=route.host, subset=subset)
         # least loaded pod (most tokens); ties go round-robin, as Envoy spreads over equal endpoints
@@ -245,83 +200,16 @@ class Router:
 
     def snapshot(self) -> dict:
         return {
-            "routes": [{"host": r.host, "subset": r.subset, "weight": r.weight} for r in self.routes],
-            "subsets": self.subsets,
+            "routes": [{"host": r.host, "subset": r.subset, "weight": r.weight, "labels": r.labels,
+                        "ready": None if r.labels is None else len(matching_ready(self.pods, r.labels))}
+                       for r in self.routes],
+            "ready_per_subset": {r.subset or r.host: len(matching_ready(self.pods, r.labels)) for r in self.routes
+                                 if r.labels is not None},
             "pods": {n: {"ready": p.ready, "revision": p.revision, "image": p.image, "workload": p.workload}
                      for n, p in sorted(self.pods.items())},
-            "ready_per_subset": {s: len(matching_ready(self.pods, lab)) for s, lab in self.subsets.items()},
             "capacity_rps_per_pod": self.capacity_rps,
             "faults": {"error_rate": self.error_rate, "latency_ms": self.latency_ms},
         }
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Istio-shaped metrics
-# ---------------------------------------------------------------------------------------------------------
-def service_fqdn(host: str, namespace: str) -> str:
-    if not host:
-        return "unknown"
-    if "." not in host:
-        return f"{host}.{namespace}.svc.cluster.local"
-    parts = host.split(".")
-    return f"{parts[0]}.{parts[1]}.svc.cluster.local" if len(parts) == 2 else host
-
-
-def _esc(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-class Metrics:
-    LABELS = ("reporter", "destination_service", "destination_service_name", "destination_service_namespace",
-              "destination_workload", "destination_workload_namespace", "destination_canonical_revision",
-              "revision", "response_code", "response_flags")
-
-    def __init__(self, namespace: str):
-        self.namespace = namespace
-        self.lock = threading.Lock()
-        self.requests: dict[tuple, int] = {}
-        self.hist: dict[tuple, list] = {}   # key -> [bucket counts..., sum, count]
-
-    def observe(self, d: Decision, duration_ms: float) -> None:
-        fqdn = service_fqdn(d.host, self.namespace)
-        base = (fqdn, fqdn.split(".")[0] if fqdn != "unknown" else "unknown", self.namespace,
-                d.workload, self.namespace, d.revision, d.revision, str(d.code), d.flags)
-        reporters = ("source", "destination") if d.reached_pod else ("source",)
-        idx = bisect.bisect_left(DURATION_BUCKETS_MS, duration_ms)
-        with self.lock:
-            for rep in reporters:
-                key = (rep,) + base
-                self.requests[key] = self.requests.get(key, 0) + 1
-                h = self.hist.get(key)
-                if h is None:
-                    h = self.hist[key] = [0] * (len(DURATION_BUCKETS_MS) + 2)
-                if idx < len(DURATION_BUCKETS_MS):
-                    h[idx] += 1
-                h[-2] += duration_ms
-                h[-1] += 1
-
-    def render(self) -> str:
-        out = ["# HELP istio_requests_total Requests seen by the EMULATED mesh (drills.mesh), Istio-shaped.",
-               "# TYPE istio_requests_total counter"]
-        with self.lock:
-            reqs = sorted(self.requests.items())
-            hist = sorted((k, list(v)) for k, v in self.hist.items())
-        for key, n in reqs:
-            out.append(f"istio_requests_total{{{self._labels(key)}}} {n}")
-        out += ["# HELP istio_request_duration_milliseconds Request duration in the EMULATED mesh (drills.mesh).",
-                "# TYPE istio_request_duration_milliseconds histogram"]
-        for key, h in hist:
-            lab, cum = self._labels(key), 0
-            for le, c in zip(DURATION_BUCKETS_MS, h):
-                cum += c
-                out.append(f'istio_request_duration_milliseconds_bucket{{{lab},le="{le}"}} {cum}')
-            out.append(f'istio_request_duration_milliseconds_bucket{{{lab},le="+Inf"}} {h[-1]}')
-            out.append(f"istio_request_duration_milliseconds_sum{{{lab}}} {h[-2]:.3f}")
-            out.append(f"istio_request_duration_milliseconds_count{{{lab}}} {h[-1]}")
-        return "\n".join(out) + "\n"
-
-    def _labels(self, key: tuple) -> str:
-        return ",".join(f'{k}="{_esc(v)}"' for k, v in zip(self.LABELS, key))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The mesh emulator's server: watches of the routed objects, the HTTP front on 127.0.0.1, and the child
 process drills starts (``python -m drills.mesh_server``).  The routing itself is drills.mesh (pure).
 
-It WATCHES (drills.watching: list, watch, resume, relist on 410 Gone; never a poll) one VirtualService, the
-DestinationRule whose subsets carry the ``rollouts-pod-template-hash`` label the Argo Rollouts controller
-writes, the Pods of the namespace, and optionally a ConfigMap holding injected faults.  Admin endpoints
+It WATCHES (drills.watching: list, watch, resume, relist on 410 Gone; never a poll) the objects the router
+(drills.routers) names for the route (Istio: its route and subset objects and the Services; nginx: the Ingresses
+and Services), the Pods of the namespace, and optionally a ConfigMap holding injected faults; the
+router turns them into the route table.  Admin endpoints
 (loopback only, same port): ``GET /-/ready`` (200 once every watch has listed), ``GET /-/state`` (routing table
 as JSON), ``GET|POST /-/faults``.
 """
@@ -24,22 +25,9 @@ from pathlib import Path
 
 from kubernetes import client
 
+from . import routers
 from .kube import new_client
-from .mesh import (
-    DEFAULT_ISTIO_VERSION,
-    EMULATION_NOTE,
-    ISTIO_GROUP,
-    Decision,
-    Metrics,
-    NotLoopback,
-    PodInfo,
-    Router,
-    _parse_fault_map,
-    parse_routes,
-    parse_subsets,
-    pod_info,
-    require_loopback,
-)
+from .mesh import EMULATION_NOTE, Decision, NotLoopback, PodInfo, Router, _parse_fault_map, pod_info, require_loopback
 from .names import plain_name
 from .procs import die_with_parent, stop_process, wait_http
 from .wait import until
@@ -47,21 +35,22 @@ from .watching import ListWatch
 
 
 class Mesh:
-    def __init__(self, kubeconfig: str, namespace: str, virtualservice: str, destinationrule: str,
-                 capacity_rps: float, istio_version: str = DEFAULT_ISTIO_VERSION, pod_selector: str | None = None,
-                 faults_configmap: str | None = None, seed: int | None = None):
-        self.kubeconfig, self.namespace = kubeconfig, namespace
-        self.vs_name, self.dr_name = virtualservice, destinationrule
-        self.istio_version, self.pod_selector, self.cm_name = istio_version, pod_selector, faults_configmap
+    def __init__(self, kubeconfig: str, namespace: str, route: str, capacity_rps: float, router: str | None = None,
+                 pod_selector: str | None = None, faults_configmap: str | None = None, seed: int | None = None):
+        self.kubeconfig, self.namespace, self.route = kubeconfig, namespace, route
+        self.traffic = routers.get(router)
+        self.pod_selector, self.cm_name = pod_selector, faults_configmap
         self.router = Router(capacity_rps, rng=random.Random(seed))
-        self.metrics = Metrics(namespace)
+        self.metrics = self.traffic.metrics(namespace, route)
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self._pods: dict[str, PodInfo] = {}
+        self._objects: dict[str, dict[str, dict]] = {}      # the router's watched kinds: key -> name -> object
         self._admin_faults: dict = {"error_rate": {}, "latency_ms": {}}
         self._cm_faults: dict = {"error_rate": {}, "latency_ms": {}}
-        self.synced = {"virtualservice": threading.Event(), "destinationrule": threading.Event(),
-                       "pods": threading.Event()}
+        self._watches = {w.key: w for w in self.traffic.watches(namespace, route)}
+        self.synced = {k: threading.Event() for k in self._watches}
+        self.synced["pods"] = threading.Event()
         if faults_configmap:
             self.synced["configmap"] = threading.Event()
         self.relists = {k: 0 for k in self.synced}
@@ -70,10 +59,16 @@ class Mesh:
     # -- state updates
     def _apply(self, kind: str, etype: str, obj: dict | None, items: list[dict] | None = None) -> None:
         with self.lock:
-            if kind == "virtualservice":
-                self.router.routes = parse_routes(None if etype == "DELETED" else obj)
-            elif kind == "destinationrule":
-                self.router.subsets = parse_subsets(None if etype == "DELETED" else obj)
+            if kind in self._watches:
+                have = self._objects.setdefault(kind, {})
+                if items is not None:
+                    have.clear()
+                    have.update({o["metadata"]["name"]: o for o in items})
+                elif etype == "DELETED":
+                    have.pop(obj["metadata"]["name"], None)
+                else:
+                    have[obj["metadata"]["name"]] = obj
+                self.router.routes = self.traffic.route_table(self._objects, self.route)
             elif kind == "pods":
                 if items is not None:
                     self._pods = {p.name: p for p in map(pod_info, items)}
@@ -105,11 +100,8 @@ class Mesh:
     # -- watch loops
     def _list_call(self, kind: str, api_client) -> tuple:
         ns = self.namespace
-        if kind in ("virtualservice", "destinationrule"):
-            plural = "virtualservices" if kind == "virtualservice" else "destinationrules"
-            name = self.vs_name if kind == "virtualservice" else self.dr_name
-            return (client.CustomObjectsApi(api_client).list_namespaced_custom_object,
-                    (ISTIO_GROUP, self.istio_version, ns, plural), {"field_selector": f"metadata.name={name}"})
+        if kind in self._watches:
+            return self._watches[kind].list_call(api_client)
         core = client.CoreV1Api(api_client)
         if kind == "pods":
             return core.list_namespaced_pod, (ns,), ({"label_selector": self.pod_selector} if self.pod_selector else {})
@@ -123,7 +115,7 @@ class Mesh:
         def on_list(items, rv, relisted):
             if relisted:
                 self.relists[kind] += 1
-            if kind == "pods":
+            if kind == "pods" or kind in self._watches:
                 self._apply(kind, "LIST", None, items=items)
             else:
                 self._apply(kind, "ADDED" if items else "DELETED", items[0] if items else None)
@@ -157,8 +149,8 @@ class Mesh:
     def state(self) -> dict:
         with self.lock:
             snap = self.router.snapshot()
-        snap.update({"emulation": EMULATION_NOTE, "namespace": self.namespace, "virtualservice": self.vs_name,
-                     "destinationrule": self.dr_name, "synced": {k: e.is_set() for k, e in self.synced.items()},
+        snap.update({"emulation": EMULATION_NOTE, "namespace": self.namespace, "router": self.traffic.name,
+                     "route": self.route, "metrics": self.traffic.metrics_note, "synced": {k: e.is_set() for k, e in self.synced.items()},
                      "relists": dict(self.relists),
                      "admin_faults": self._admin_faults, "configmap_faults": self._cm_faults})
         return snap
@@ -240,12 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m drills.mesh_server", description=EMULATION_NOTE)
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--namespace", required=True)
-    p.add_argument("--virtualservice", required=True)
-    p.add_argument("--destinationrule", required=True)
+    p.add_argument("--router", default=routers.DEFAULT, choices=routers.NAMES)
+    p.add_argument("--route", required=True, help="the router's route object (Istio: the route and subset "
+                                                   "objects of that name; nginx: the stable Ingress)")
     p.add_argument("--port", type=int, required=True, help="0 picks a free port (see --port-file)")
     p.add_argument("--bind", default="127.0.0.1", help="loopback address only")
     p.add_argument("--capacity-rps", type=float, required=True, help="requests/second each Ready pod serves")
-    p.add_argument("--istio-api-version", default=DEFAULT_ISTIO_VERSION)
     p.add_argument("--pod-selector", default=None, help="label selector of the Service's pods")
     p.add_argument("--faults-configmap", default=None, help="ConfigMap with keys error-rate / latency-ms")
     p.add_argument("--error-rate", action="append", default=[], metavar="REV=RATIO",
@@ -258,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     except NotLoopback as e:
         print(f"mesh: {e}", file=sys.stderr)
         return 2
-    mesh = Mesh(a.kubeconfig, a.namespace, a.virtualservice, a.destinationrule, a.capacity_rps,
-                a.istio_api_version, a.pod_selector, a.faults_configmap, a.seed)
+    mesh = Mesh(a.kubeconfig, a.namespace, a.route, a.capacity_rps, a.router, a.pod_selector, a.faults_configmap,
+                a.seed)
     if a.error_rate:
         mesh.set_admin_faults({"error_rate": dict(x.split("=", 1) for x in a.error_rate)})
     srv = serve(mesh, a.bind, a.port)
@@ -276,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _term)
     signal.signal(signal.SIGINT, _term)
     print(f"mesh: {EMULATION_NOTE}", file=sys.stderr, flush=True)
-    print(f"mesh: listening on http://{a.bind}:{port} for {a.namespace}/{a.virtualservice}", file=sys.stderr,
+    print(f"mesh: listening on http://{a.bind}:{port} for {a.router} {a.namespace}/{a.route}", file=sys.stderr,
           flush=True)
     srv.serve_forever(poll_interval=0.2)
     srv.server_close()
@@ -286,22 +278,22 @@ def main(argv: list[str] | None = None) -> int:
 class MeshProcess:
     """``python -m drills.mesh`` as a child process; a context manager that always stops it."""
 
-    def __init__(self, kubeconfig, namespace: str, virtualservice: str, destinationrule: str, capacity_rps: float,
-                 folder: Path, register=None, unregister=None, pod_selector: str | None = None, faults_configmap: str | None = None,
-                 istio_api_version: str = DEFAULT_ISTIO_VERSION, seed: int | None = None, ready_timeout: float = 30):
+    def __init__(self, kubeconfig, namespace: str, route: str, capacity_rps: float, folder: Path, register=None,
+                 unregister=None, pod_selector: str | None = None, faults_configmap: str | None = None,
+                 router: str | None = None, seed: int | None = None, ready_timeout: float = 30):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.kubeconfig = str(kubeconfig)
-        plain_name(namespace, "namespace", 63), plain_name(virtualservice, "VirtualService")   # they name its files
-        self.name = f"mesh-{namespace}-{virtualservice}"
+        plain_name(namespace, "namespace", 63), plain_name(route, "route")   # they name its files
+        self.router = routers.get(router).name
+        self.name = f"mesh-{namespace}-{route}"
         self._unregister = unregister
-        self.log = self.folder / f"mesh-{namespace}-{virtualservice}.log"
-        port_file = self.folder / f"mesh-{namespace}-{virtualservice}.port"
+        self.log = self.folder / f"mesh-{namespace}-{route}.log"
+        port_file = self.folder / f"mesh-{namespace}-{route}.port"
         port_file.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "drills.mesh_server", "--kubeconfig", str(kubeconfig), "--namespace", namespace,
-               "--virtualservice", virtualservice, "--destinationrule", destinationrule, "--port", "0",
-               "--port-file", str(port_file), "--capacity-rps", str(capacity_rps),
-               "--istio-api-version", istio_api_version]
+               "--router", self.router, "--route", route, "--port", "0",
+               "--port-file", str(port_file), "--capacity-rps", str(capacity_rps)]
         if pod_selector:
             cmd += ["--pod-selector", pod_selector]
         if faults_configmap:

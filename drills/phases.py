@@ -28,7 +28,7 @@ class PhasedLoad:
     RUN_TIME_S = 240
 
     def __init__(self, cluster, namespace: str, name: str, folder: Path, lane: str, log=None,
-                 url: str | None = None, judged: str | None = None):
+                 url: str | None = None, judged: str | None = None, router: str | None = None):
         self.folder = Path(folder)
         self.lane = lane
         self.judged = judged        # a reason the figures are observations only (a user-built controller's)
@@ -38,7 +38,7 @@ class PhasedLoad:
         if url:
             self.url, self.target = url, "live"
         else:
-            self.mesh = MeshProcess(cluster.kubeconfig, namespace, name, name, capacity_rps=self.CAPACITY_RPS,
+            self.mesh = MeshProcess(cluster.kubeconfig, namespace, name, capacity_rps=self.CAPACITY_RPS, router=router,
                                     folder=self.folder, register=cluster.register_process,
                                     unregister=cluster.unregister_process, seed=7)
             self.url = self.mesh.url

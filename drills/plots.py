@@ -144,7 +144,7 @@ def plot_series(series: dict, out_png: Path) -> Path:
     xs, ys = _steps([[p[0], num(p[1])] for p in series.get("canary_weight") or [] if p and len(p) > 1], x_hi)
     if xs:
         (h,) = ax.plot(xs, ys, drawstyle="steps-post", color=WEIGHT_COLOUR, lw=2.8, zorder=5,
-                       label="canary weight in VirtualService (%)")
+                       label="canary weight the controller wrote (%)")
         handles.insert(0, h)
 
     # action markers

@@ -258,7 +258,7 @@ def controller_log_of(cluster_status: dict) -> Path | None:
     return Path(proc["log"]) if proc and proc.get("log") else None
 
 
-def observation_dict(obs: Observation, controller_version: str, routing: str) -> dict:
+def observation_dict(obs: Observation, controller_version: str, routing: str, router: str = "istio") -> dict:
     d = asdict(obs)
-    d.update({"controller_version": controller_version, "routing": routing})
+    d.update({"controller_version": controller_version, "routing": routing, "router": router})
     return d

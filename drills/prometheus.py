@@ -153,16 +153,3 @@ class Prometheus:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def error_rate_query(service_fqdn: str, revision: str | None = None, reporter: str = "destination",
-                     window: str = "1m") -> str:
-    """The seed's error-rate query (brief §5): 5xx over all requests of the whole service, ``> 0``, then
-    ``OR on() vector(0)`` so that no traffic reads as 0.  ``revision`` adds the per-revision filter the
-    seed's fleet lacked (a pod-template-hash, e.g. from ``podTemplateHashValue: Latest``)."""
-    sel = f'reporter="{reporter}", destination_service=~"{service_fqdn}"'
-    if revision:
-        sel += f', revision="{revision}"'
-    num = f'sum(irate(istio_requests_total{{{sel}, response_code=~"5.*"}}[{window}]))'
-    den = f"sum(irate(istio_requests_total{{{sel}}}[{window}]))"
-    return f"{num} / {den} > 0 OR on() vector(0)"

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from . import config as settings
+from . import routers
 from .cluster import EmbeddedCluster
 from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from .controller_binary import inspect_binary
@@ -44,7 +45,8 @@ def defaults() -> dict:
             "drills_availability_control": env("DRILLS_AVAILABILITY_CONTROL", "on"),
             "drills_rollback_via": env("DRILLS_ROLLBACK_VIA", "gitops"),
             "drills_keep_cluster": bool(env("DRILLS_KEEP_CLUSTER")),
-            "drills_lane_a_variant": env("DRILLS_LANE_A_VARIANT", "stage")}
+            "drills_lane_a_variant": env("DRILLS_LANE_A_VARIANT", "stage"),
+            "drills_router": env("DRILLS_ROUTER", routers.DEFAULT)}
 
 
 def pytest_addoption(parser):
@@ -76,6 +78,9 @@ def pytest_addoption(parser):
                      "taken down)")
     g.addoption("--drills-lane-a-variant", dest="drills_lane_a_variant", default=d["drills_lane_a_variant"],
                 choices=["stage", "prod"], help="lane A fixture: the seed's stage shape or the prod-shaped one")
+    g.addoption("--drills-router", dest="drills_router", default=d["drills_router"], choices=list(routers.NAMES),
+                help=f"the traffic router the lanes' Rollouts are routed by (default {routers.DEFAULT}); a lane that "
+                     f"does not run on it is skipped, saying so")
 
 
 def pytest_configure(config):  # noqa: F811 (pytest names the argument)
@@ -214,14 +219,18 @@ def drills_ledger(drills_run_dir, drills_cluster, request):
     info = _user_built(request.config) if st.get("controller_binary") else None
     return Ledger(drills_run_dir, run_id, target="embedded", controller_version=version,
                   controller_sha256=st.get("controller_sha256") if st.get("controller_binary") else None,
-                  controller_name=info.name if info else None, leg=request.config.getoption("drills_leg") or None)
+                  controller_name=info.name if info else None, leg=request.config.getoption("drills_leg") or None,
+                  router=request.config.getoption("drills_router") or routers.DEFAULT)
 
 
 @pytest.fixture(scope="session")
 def drills_evidence_dir(drills_run_dir, drills_ledger) -> Path:
-    """Per controller: a release by its version, a user-built binary by its name (version plus commit)."""
+    """Per controller: a release by its version, a user-built binary by its name (version plus commit); a router
+    other than the default in a folder of its own below it (both routers' legs of one run never share files)."""
     d = drills_run_dir / plain_name(drills_ledger.controller_name or drills_ledger.controller_version,
                                     "controller version")
+    if drills_ledger.router != routers.DEFAULT:
+        d = d / drills_ledger.router
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -237,6 +246,10 @@ def drills_lane(request, drills_kube, drills_cluster, drills_module_namespace, d
     cls = lane_class(marker.args[0])
     opts = request.config.getoption
     variant = opts("drills_lane_a_variant") if opts("drills_lane_a_variant") in cls.variants else cls.variants[0]
+    router = opts("drills_router") or routers.DEFAULT
+    if router not in cls.routers:
+        pytest.skip(f"lane {cls.key} runs on {', '.join(cls.routers)}, not on {router}: it makes sense for those "
+                    f"routers only (its Runbook's routers)")
     source = opts("drills_source") or os.environ.get("DRILLS_SOURCE")
     ctx = LaneContext(api=drills_kube, namespace=drills_module_namespace, evidence_dir=drills_evidence_dir,
                       ledger=drills_ledger, version=drills_controller_version, cluster=drills_cluster,
@@ -244,7 +257,7 @@ def drills_lane(request, drills_kube, drills_cluster, drills_module_namespace, d
                       options={"availability_control": opts("drills_availability_control") == "on",
                                "rollback_via": opts("drills_rollback_via"), "source": source,
                                "crds": opts("drills_crds"), "user_built": bool(opts("drills_controller_binary"))},
-                      label=drills_ledger.controller_name)
+                      label=drills_ledger.controller_name, router=router)
     runbook = cls(ctx)
     yield runbook
     runbook.close()

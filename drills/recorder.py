@@ -6,12 +6,12 @@ All objects live in one etcd, so resourceVersions order changes across resources
 
 Completeness: each watch (drills.watching) resumes from the last resourceVersion it delivered after a dropped
 connection, so no change is skipped.  If the apiserver answers 410 (history compacted), the recorder
-re-lists; for the VirtualService the timeline then stays complete only if the re-listed object is the
-one already recorded (same resourceVersion); otherwise it is marked incomplete.  On the embedded cluster
-the apiserver's audit log is the independent proof: every VirtualService resourceVersion it handed out must
-be in the timeline.  A watch that fails for good marks the recording incomplete.  The closing END record names
-the leg and run that recorded it (under `drills run`), so a row can prove the timeline it names is its own
-(drills.evidence).
+re-lists; for the route objects that carry the weights (drills.routers: the router's route kind) the timeline
+then stays complete only if the re-listed object is the one already recorded (same resourceVersion); otherwise it
+is marked incomplete.  On the embedded cluster the apiserver's audit log is the independent proof: every
+resourceVersion of a route object it handed out must be in the timeline.  A watch that fails for good marks the
+recording incomplete.  The closing END record names the leg and run that recorded it (under `drills run`), so a
+row can prove the timeline it names is its own (drills.evidence).
 """
 from __future__ import annotations
 
@@ -26,13 +26,14 @@ from typing import Callable
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import config, kube
+from . import config, kube, routers
 from .errors import BadInput
+from .routers import Source
 from .evidence import leg_stamp
 from .podtemplate import app_container_name, container_images, selector_string
 from .rollout import HASH_LABEL, Rollouts, healthy
 from .signals import Interrupted, SignalGuard
-from .timeline import ROUTE_KINDS, derive, series_path
+from .timeline import derive, series_path
 from .wait import WaitTimeout, until
 from .watching import ListWatch
 
@@ -49,22 +50,19 @@ def _rollout(o: dict) -> dict:
     canary = (spec.get("strategy") or {}).get("canary") or {}
     weights = (st.get("canary") or {}).get("weights") or {}
     template = spec.get("template") or {}
-    istio = ((canary.get("trafficRouting") or {}).get("istio") or {})
-    vs = istio.get("virtualService") or {}
     ping_pong = canary.get("pingPong") or {}
     try:
         app = app_container_name(template, rollout_name=(o.get("metadata") or {}).get("name"))
     except BadInput:
         app = None
     images = container_images(template)
+    router = routers.of_canary(canary)
     return {
+        **(router.rollout_fields((o.get("metadata") or {}).get("name") or "", canary) if router else {}),
         "generation": o["metadata"].get("generation"), "replicas": spec.get("replicas", 1),
         "steps": canary.get("steps"), "image": images.get(app) if app else None, "images": images,
         "canaryService": canary.get("canaryService"), "stableService": canary.get("stableService"),
         "pingService": ping_pong.get("pingService"), "pongService": ping_pong.get("pongService"),
-        "virtualService": vs.get("name"),
-        "vsRoutes": {"http": vs.get("routes"), "tls": vs.get("tlsRoutes"), "tcp": vs.get("tcpRoutes")},
-        "destinationRule": istio.get("destinationRule"),
         "status": {
             "currentStepIndex": st.get("currentStepIndex"), "phase": st.get("phase"), "abort": st.get("abort", False),
             "promoteFull": st.get("promoteFull", False), "stableRS": st.get("stableRS"),
@@ -98,25 +96,6 @@ def _pod(o: dict) -> dict:
             "deleting": md.get("deletionTimestamp") is not None}
 
 
-def _virtualservice(o: dict) -> dict:
-    """Every route of every kind (http, tls, tcp) with its destinations and weights."""
-    spec = o.get("spec") or {}
-    out: dict = {}
-    for kind in ROUTE_KINDS:
-        routes = []
-        for i, r in enumerate(spec.get(kind) or []):
-            routes.append({"name": r.get("name") or f"{kind}[{i}]",
-                           "route": [{"host": (d.get("destination") or {}).get("host"),
-                                      "subset": (d.get("destination") or {}).get("subset"),
-                                      "weight": d.get("weight", 0)} for d in r.get("route") or []]})
-        out[kind] = routes
-    return out
-
-
-def _destinationrule(o: dict) -> dict:
-    return {"subsets": {s.get("name"): s.get("labels") or {} for s in (o.get("spec") or {}).get("subsets") or []}}
-
-
 def _analysisrun(o: dict) -> dict:
     st = o.get("status") or {}
     return {"phase": st.get("phase"), "message": st.get("message"),
@@ -131,20 +110,13 @@ def _event(o: dict) -> dict:
             "involved": f"{inv.get('kind')}/{inv.get('name')}", "count": o.get("count")}
 
 
-@dataclass
-class Source:
-    kind: str
-    list_fn: Callable
-    args: tuple
-    condense: Callable[[dict], dict]
-    kwargs: dict = field(default_factory=dict)
-
-
 # --- the recorder ------------------------------------------------------------------------------------
 class Recorder:
     def __init__(self, api: client.ApiClient, namespace: str, rollout: str, out: Path, log=None,
-                 audit_log: Path | None = None):
+                 audit_log: Path | None = None, router: str | None = None):
         self.api = api
+        # the router whose objects are recorded: the Rollout's own once it is read, else the one named
+        self.router = routers.get(router)
         self.audit_log = Path(audit_log) if audit_log else None
         self.started_wall = time.time()
         self.ns = namespace
@@ -173,6 +145,8 @@ class Recorder:
         sel = None
         try:
             ro = co.get_namespaced_custom_object(config.ARGO_GROUP, config.ARGO_VERSION, self.ns, "rollouts", self.rollout)
+            self.router = routers.of_canary(((ro.get("spec") or {}).get("strategy") or {}).get("canary") or {}) \
+                or self.router
             sel = selector_string(ro["spec"].get("selector"))
         except ApiException as e:
             if e.status != 404:
@@ -188,10 +162,7 @@ class Recorder:
                    _rollout, {"field_selector": f"metadata.name={self.rollout}"}),
             Source("ReplicaSet", apps.list_namespaced_replica_set, (self.ns,), _replicaset, dict(lab)),
             Source("Pod", core.list_namespaced_pod, (self.ns,), _pod, dict(lab)),
-            Source("VirtualService", co.list_namespaced_custom_object,
-                   ("networking.istio.io", "v1alpha3", self.ns, "virtualservices"), _virtualservice),
-            Source("DestinationRule", co.list_namespaced_custom_object,
-                   ("networking.istio.io", "v1alpha3", self.ns, "destinationrules"), _destinationrule),
+            *self.router.sources(self.api, self.ns),
             Source("AnalysisRun", co.list_namespaced_custom_object, (config.ARGO_GROUP, config.ARGO_VERSION, self.ns, "analysisruns"),
                    _analysisrun),
             Source("Event", core.list_namespaced_event, (self.ns,), _event),
@@ -247,16 +218,16 @@ class Recorder:
                 seen.add(name)
                 irv = item["metadata"]["resourceVersion"]
                 if known.get(name) != irv:
-                    if relisted and kind == "VirtualService":
+                    if relisted and kind == self.router.route_kind:
                         self.incomplete_reasons.append(
-                            f"VirtualService {name} changed during a watch gap (rv {known.get(name)} -> {irv})")
+                            f"{kind} {name} changed during a watch gap (rv {known.get(name)} -> {irv})")
                     self._emit({"kind": kind, "type": "RELIST" if relisted else "INITIAL", "name": name,
                                 "rv": irv, "obj": src.condense(item)})
                     known[name] = irv
             for name in list(known):
                 if name not in seen:
-                    if kind == "VirtualService":
-                        self.incomplete_reasons.append(f"VirtualService {name} deleted during a watch gap")
+                    if kind == self.router.route_kind:
+                        self.incomplete_reasons.append(f"{kind} {name} deleted during a watch gap")
                     self._emit({"kind": kind, "type": "DELETED", "name": name, "rv": rv, "obj": {}})
                     del known[name]
             self.ready[kind].set()
@@ -317,12 +288,12 @@ class Recorder:
         for t in self.threads:
             t.join(timeout=5)
         if self.audit_log:
-            writes = audit_virtualservice_writes(self.audit_log, self.ns, since_wall=self.started_wall)
-            missing = missing_virtualservice_versions(self.records, writes)
+            writes = audit_route_writes(self.audit_log, self.ns, since_wall=self.started_wall, router=self.router)
+            missing = missing_route_versions(self.records, writes, self.router)
             self.audit_checked = len(writes)
             if missing:
-                self.incomplete_reasons.append(
-                    f"the apiserver's audit log has VirtualService resourceVersions the timeline lacks: {missing}")
+                self.incomplete_reasons.append(f"the apiserver's audit log has {self.router.route_kind} "
+                                               f"resourceVersions the timeline lacks: {missing}")
         with self.lock:
             complete = not self.incomplete_reasons
             self._emit_footer(complete)
@@ -357,10 +328,12 @@ class Recorder:
 
 
 # --- proof from the apiserver's audit log (embedded cluster) -----------------------------------------------
-def audit_virtualservice_writes(audit_log: Path, namespace: str, name: str | None = None,
-                                since_wall: float | None = None) -> list[dict]:
-    """Successful writes of VirtualServices in ``namespace`` as the apiserver recorded them:
-    [{"rv", "verb", "user", "time" (wall, ResponseComplete), "weights"}]."""
+def audit_route_writes(audit_log: Path, namespace: str, name: str | None = None, since_wall: float | None = None,
+                       router: routers.TrafficRouter | None = None) -> list[dict]:
+    """Successful writes of the router's route objects in ``namespace`` as the apiserver
+    recorded them: [{"rv", "verb", "user", "time" (wall, ResponseComplete), "weights"}]."""
+    router = router or routers.get(None)
+    group, plural = router.audit_resource
     out = []
     try:
         fh = open(audit_log)
@@ -368,14 +341,14 @@ def audit_virtualservice_writes(audit_log: Path, namespace: str, name: str | Non
         return out
     with fh:
         for line in fh:
-            if '"virtualservices"' not in line:
+            if f'"{plural}"' not in line:
                 continue
             try:
                 ev = json.loads(line)
             except ValueError:
                 continue
             ref = ev.get("objectRef") or {}
-            if ref.get("resource") != "virtualservices" or ref.get("namespace") != namespace:
+            if ref.get("resource") != plural or (ref.get("apiGroup") or "") != group or ref.get("namespace") != namespace:
                 continue
             if name and ref.get("name") != name:
                 continue
@@ -390,13 +363,15 @@ def audit_virtualservice_writes(audit_log: Path, namespace: str, name: str | Non
             if since_wall and wall and wall < since_wall:
                 continue
             out.append({"rv": rv, "verb": ev.get("verb"), "user": (ev.get("user") or {}).get("username"),
-                        "time": wall, "name": ref.get("name"), "weights": _virtualservice(resp) if resp else None})
+                        "time": wall, "name": ref.get("name"), "weights": router.condense_route(resp) if resp else None})
     return out
 
 
-def missing_virtualservice_versions(records: list[dict], audit_writes: list[dict]) -> list[str]:
-    """resourceVersions the apiserver handed out for the VirtualService that the timeline lacks."""
-    have = {r["rv"] for r in records if r["kind"] == "VirtualService"}
+def missing_route_versions(records: list[dict], audit_writes: list[dict],
+                           router: routers.TrafficRouter | None = None) -> list[str]:
+    """resourceVersions the apiserver handed out for the route objects that the timeline lacks."""
+    kind = (router or routers.get(None)).route_kind
+    have = {r["rv"] for r in records if r["kind"] == kind}
     return [w["rv"] for w in audit_writes if w["rv"] and w["rv"] not in have]
 
 

@@ -271,7 +271,7 @@ class Run(Stopping):
             tests, root = REGISTRY[leg.lane].tests_dir(), config.data_root()
             cmd = [sys.executable, "-m", "pytest", "-p", "no:locust", "-p", "no:cacheprovider", "-p",
                    "drills.pytest_plugin", "-q", "-rfE", "--no-header", "--drills-controller", leg.controller,
-                   "--drills-lane-a-variant", leg.variant,
+                   "--drills-lane-a-variant", leg.variant, "--drills-router", leg.router,
                    "--drills-run-dir", str(self.run_dir), "--drills-run-id", self.run_id, "--drills-leg", leg.id,
                    f"--junitxml={self.run_dir / f'junit-{leg.slug}.xml'}",
                    *([f"--rootdir={root}"] if tests.is_relative_to(root) else []), str(tests)]

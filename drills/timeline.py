@@ -10,10 +10,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import routers
 from .config import HASH_LABEL
-
-
-ROUTE_KINDS = ("http", "tls", "tcp")
 
 
 TIMELINE_SUFFIX = ".timeline.jsonl"
@@ -61,37 +59,9 @@ def ordered(records: list[dict]) -> list[dict]:
     return [r for _, _, r in keyed]
 
 
-def canary_stable_hosts(rollout: dict) -> tuple[str | None, str | None]:
-    """(canary host, stable host) when routed by host: canaryService/stableService, or ping-pong services
-    (the stable one named by status.canary.stablePingPong, ping when unset)."""
-    if rollout.get("pingService") and rollout.get("pongService"):
-        if (rollout.get("status") or {}).get("stablePingPong") == "pong":
-            return rollout["pingService"], rollout["pongService"]
-        return rollout["pongService"], rollout["pingService"]
-    return rollout.get("canaryService"), rollout.get("stableService")
-
-
-def canary_weight_of(vs: dict, rollout: dict) -> tuple[int | None, int | None]:
-    """(canary, stable) weights from a condensed VirtualService, routed by subset, by host or ping-pong, over
-    the route kinds the Rollout manages (http, tls, tcp; the first managed route that names either)."""
-    canary_host, stable_host = canary_stable_hosts(rollout)
-    dr = rollout.get("destinationRule") or {}
-    csub, ssub = dr.get("canarySubsetName", "canary"), dr.get("stableSubsetName", "stable")
-    managed = rollout.get("vsRoutes") or {}
-    for kind in ROUTE_KINDS:
-        wanted = managed.get(kind)
-        for http in vs.get(kind) or []:
-            if kind == "http" and wanted and http.get("name") not in wanted:
-                continue
-            c = s = None
-            for r in http["route"]:
-                if canary_host and r["host"] == canary_host or (not canary_host and r["subset"] == csub):
-                    c = r["weight"]
-                elif stable_host and r["host"] == stable_host or (not stable_host and r["subset"] == ssub):
-                    s = r["weight"]
-            if c is not None or s is not None:
-                return c or 0, s or 0
-    return None, None
+def weights_of(routes: dict[str, dict], rollout: dict) -> tuple[int | None, int | None]:
+    """(canary, stable) weights in force: the Rollout's router reads them from its condensed route objects."""
+    return routers.of_record(rollout).weights(routes, rollout) if routes else (None, None)
 
 
 @dataclass
@@ -149,7 +119,7 @@ def derive(records: list[dict], canary_hash: str | None, since_mark: str | None 
         return d
     t_prev = -math.inf
     ro: dict = {}
-    vs_by_name: dict[str, dict] = {}
+    routes: dict[str, dict[str, dict]] = {}     # route kind -> name -> condensed object
     rs: dict[str, dict] = {}
     active = since_mark is None
     stopped = False
@@ -188,17 +158,18 @@ def derive(records: list[dict], canary_hash: str | None, since_mark: str | None 
                 rs[obj["hash"]] = obj
                 d.replicasets.setdefault(obj["hash"], []).append(
                     [t, obj["spec_replicas"], obj["ready"], obj["available"]])
-        elif kind == "VirtualService":
-            vs_by_name[r["name"]] = obj if r["type"] != "DELETED" else {}
+        elif kind in routers.ROUTE_KINDS:
+            if r["type"] == "DELETED":
+                routes.get(kind, {}).pop(r["name"], None)
+            else:
+                routes.setdefault(kind, {})[r["name"]] = obj
         elif kind == "AnalysisRun" and r["type"] != "DELETED":
             d.analysisruns.setdefault(r["name"], []).append([t, obj.get("phase")])
         elif kind == "Event" and active and obj.get("reason") == "SkipSteps":
             d.window_evidence.append(f"SkipSteps event: {obj.get('message')}")
         # current weights
-        vs = vs_by_name.get(ro.get("virtualService")) if ro.get("virtualService") else \
-            (next(iter(vs_by_name.values())) if vs_by_name else None)
-        if vs and ro:
-            c, s = canary_weight_of(vs, ro)
+        if ro:
+            c, s = weights_of(routes.get(routers.of_record(ro).route_kind, {}), ro)
             if c is not None and c != cur_weight:
                 cur_weight = c
                 d.canary_weight.append([t, c])
@@ -258,6 +229,7 @@ def exit_analysis(records: list[dict], revived_hash: str, replicas: int) -> dict
     recs = ordered(records)
     weight = 0
     ro = None
+    routes: dict[str, dict[str, dict]] = {}
     rs_avail = 0
     at_pf = None
     max_until = None
@@ -278,8 +250,12 @@ def exit_analysis(records: list[dict], revived_hash: str, replicas: int) -> dict
                 abort_effective = True
         elif r["kind"] == "ReplicaSet" and r["obj"].get("hash") == revived_hash:
             rs_avail = r["obj"]["available"]
-        elif r["kind"] == "VirtualService" and ro:
-            c, _ = canary_weight_of(r["obj"], ro)
+        elif r["kind"] in routers.ROUTE_KINDS and ro:
+            if r["type"] == "DELETED":
+                routes.get(r["kind"], {}).pop(r["name"], None)
+            else:
+                routes.setdefault(r["kind"], {})[r["name"]] = r["obj"]
+            c, _ = weights_of(routes.get(routers.of_record(ro).route_kind, {}), ro)
             if c is not None:
                 weight = c
                 if at_pf is not None:

@@ -379,16 +379,21 @@ def classify_neighbours(rows: list[dict], versions: list[str] | None = None,
     """Classify each tested release against the previous one in a merged ledger (several runs allowed).
 
     ``versions``: the releases in order (default: every release column of the rows, by version).  Rows of
-    user-built controllers (with a sha256) take no part: they are compared against a baseline instead."""
+    user-built controllers (with a sha256) take no part: they are compared against a baseline instead.  Each
+    router's rows make a history of their own (Istio's first; another's columns say ``on <router>``)."""
     decls = directions if directions is not None else load_directions()
-    by_col: dict[str, list[dict]] = {}
+    by_router: dict[str, dict[str, list[dict]]] = {}
     for r in rows:
         if isinstance(r, dict) and r.get("controller_version") and not r.get("controller_sha256"):
-            by_col.setdefault(str(r["controller_version"]), []).append(r)
-    if versions is None:
-        versions = config.version_order(by_col)
-    present = [v for v in versions if v in by_col]
-    return [NeighbourStep(a, b, classify(by_col[a], by_col[b], decls)) for a, b in zip(present, present[1:])]
+            router = str(r.get("router") or "istio")
+            by_router.setdefault(router, {}).setdefault(str(r["controller_version"]), []).append(r)
+    out = []
+    for router in sorted(by_router, key=lambda x: (x != "istio", x)):
+        by_col, tail = by_router[router], ("" if router == "istio" else f" on {router}")
+        present = [v for v in (versions if versions is not None else config.version_order(by_col)) if v in by_col]
+        out += [NeighbourStep(a + tail, b + tail, classify(by_col[a], by_col[b], decls))
+                for a, b in zip(present, present[1:])]
+    return out
 
 
 def count_classes(changes: list[Change]) -> dict[str, int]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import config, lanes, legs, provenance, runner, upgrade
+from . import config, lanes, legs, provenance, routers, runner, upgrade
 from .answer import HOLDS, NO, declared, headline
 from .branches import SourceMapError, find_branches, source_file
 from .controller_binary import ControllerBinaryError, inspect_binary
@@ -44,14 +44,20 @@ class Sides:
     candidate: str                         # a release, or a user-built controller's label
     binary: runner.Binary | None = None
     sha256: str | None = None              # the user-built controller's
+    router: str = "istio"                  # both sides' rows are observed through one router
+
+    def _routed(self, row: dict) -> bool:
+        return (row.get("router") or "istio") == self.router
 
     def is_baseline(self, row: dict) -> bool:
-        return row.get("controller_version") == self.baseline and not row.get("controller_sha256")
+        return row.get("controller_version") == self.baseline and not row.get("controller_sha256") and \
+            self._routed(row)
 
     def is_candidate(self, row: dict) -> bool:
         if self.sha256:
-            return row.get("controller_sha256") == self.sha256
-        return row.get("controller_version") == self.candidate and not row.get("controller_sha256")
+            return row.get("controller_sha256") == self.sha256 and self._routed(row)
+        return row.get("controller_version") == self.candidate and not row.get("controller_sha256") and \
+            self._routed(row)
 
 
 def user_binary(path: str, crds: str | None, source: str | None,
@@ -167,10 +173,15 @@ def _legs_of(meta: dict, sides: Sides, keys: list[str]) -> list[dict]:
     """The legs of a recorded run folder that ran these lanes on either side."""
     out = []
     for x in meta.get("legs") or []:
-        parts = str(x["id"]).rsplit("/", 2)
+        leg_id, router = str(x["id"]), x.get("router")
+        tail = leg_id.rsplit("/", 1)[-1]
+        if tail in routers.NAMES and tail != routers.DEFAULT:      # an id names a router other than the default
+            leg_id, router = leg_id.rsplit("/", 1)[0], router or tail
+        parts = leg_id.rsplit("/", 2)
         lane = x.get("lane") or (parts[1] if len(parts) == 3 else None)
         controller = x.get("controller") or parts[0]
-        if lane in keys and controller in (sides.baseline, sides.candidate):
+        if lane in keys and controller in (sides.baseline, sides.candidate) and \
+                (router or routers.DEFAULT) == sides.router:
             out.append(x)
     return out
 

@@ -1,5 +1,5 @@
-"""Every lane passes on the controllers under test: the drills themselves, run the way users run them
-(`drills run --lanes all` with its default -j: legs in parallel, one embedded cluster per version).
+"""Every lane passes on the controllers under test, on every router it runs on: the drills themselves, run the way
+users run them (`drills run --lanes all --router all`: legs in parallel, one embedded cluster per version).
 
 The legs' own pytest output is in the run folder (legs/<leg>.log); a failure here quotes every row that did not
 pass and the tail of the log of every leg that failed.  The same run's rows then go through `drills
@@ -41,7 +41,8 @@ def lanes_run(versions, tmp_path_factory) -> tuple[int, str, Path | None]:
     reports = Path(os.environ.get("DRILLS_REPORTS") or config.reports_dir())
     env = {"DRILLS_REPORTS": str(reports), "DRILLS_CLUSTER": f"lanes-{os.getpid()}"}
     # beside the other test workers on a small machine: fewer legs at a time than a run of its own would take
-    rc, text = _drills("run", "--controller", ",".join(versions), "--lanes", "all", "-j", "4", env=env,
+    rc, text = _drills("run", "--controller", ",".join(versions), "--lanes", "all", "--router", "all", "-j", "4",
+                       env=env,
                        log=tmp_path_factory.mktemp("lanes") / "run.log")
     run_dir = next((Path(line.split("run folder: ", 1)[1].split()[0]) for line in text.splitlines()
                     if line.startswith("run folder: ")), None)
@@ -60,6 +61,13 @@ def test_every_lane_passes_on_the_controllers_under_test(lanes_run, versions):
     lanes_seen = {(r["lane"], r["controller_version"]) for r in rows}
     assert {lane for lane, _ in lanes_seen} == set(lanes.REGISTRY), sorted(lanes_seen)
     assert {v for _, v in lanes_seen} == set(versions), sorted(lanes_seen)
+    # each lane on each router it names, and nothing on a router it does not
+    routed = {(r["lane"], r["router"], r["controller_version"]) for r in rows}
+    assert routed == {(k, router, v) for k, lane in lanes.REGISTRY.items() for router in lane.routers for v in versions}
+    # lane A through nginx: the incident (BEFORE the final setWeight on the partial ReplicaSet), then the prescription
+    peaks = {(r["controller_version"], r["step"]): r["observed"] for r in rows
+             if r["router"] == "nginx" and r.get("id", "").endswith("/peak-weight")}
+    assert peaks == {**{(v, "before"): 100 for v in versions}, **{(v, "after"): 5 for v in versions}}, peaks
 
 
 def test_upgrade_check_classifies_the_run_from_the_first_version_to_the_last(lanes_run, versions):

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from drills import mesh
+from drills.routers import istio, nginx
 
 NS = "shop"
 
@@ -47,8 +48,7 @@ def pod(name: str, h: str, ready: bool = True, image: str = "registry.local/web:
 
 def router(vs: dict, dr: dict, pods: list[dict], capacity: float = 1e6, seed: int = 7) -> mesh.Router:
     r = mesh.Router(capacity, rng=random.Random(seed))
-    r.routes = mesh.parse_routes(vs)
-    r.subsets = mesh.parse_subsets(dr)
+    r.routes = istio.route_table(vs, dr, {})
     r.set_pods({p.name: p for p in map(mesh.pod_info, pods)})
     return r
 
@@ -132,7 +132,7 @@ def test_injected_error_rate_per_revision_by_hash_or_image_tag():
 def test_metrics_are_istio_shaped_and_reporters_differ():
     pods = [pod("web-s1", "aaa")]
     r = router(virtualservice(50, 50), destinationrule("aaa", "bbb"), pods)
-    m = mesh.Metrics(NS)
+    m = istio.IstioMetrics(NS)
     ds = run(r, 200, 100.0)
     for d in ds:
         m.observe(d, 2.0)
@@ -161,6 +161,6 @@ def test_non_loopback_bind_is_refused():
             mesh.require_loopback(bad)
     assert mesh.require_loopback("127.0.0.2") == "127.0.0.2"
     p = subprocess.run([sys.executable, "-m", "drills.mesh_server", "--kubeconfig", "/nonexistent", "--namespace", NS,
-                        "--virtualservice", "web", "--destinationrule", "web", "--port", "0",
+                        "--route", "web", "--port", "0",
                         "--capacity-rps", "10", "--bind", "0.0.0.0"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "not a loopback address" in p.stderr, p.stderr

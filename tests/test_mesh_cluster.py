@@ -16,6 +16,7 @@ from kubernetes import client
 from kubernetes import config as kconfig
 
 from drills import mesh, mesh_server, prometheus
+from drills.routers import istio
 from drills.cluster import Availability
 from drills.wait import hold_for, until
 
@@ -71,7 +72,7 @@ def routed(cluster, namespace, api, tmp_path):
     hold = Availability(api).hold(namespace, {mesh.HASH_LABEL: CANARY}, None)
     for i in range(2):
         core.create_namespaced_pod(namespace, _pod(f"web-stable-{i}", STABLE, "registry.local/web:1.0.0"))
-    with mesh_server.MeshProcess(cluster.kubeconfig, namespace, "web", "web", capacity_rps=20, folder=tmp_path,
+    with mesh_server.MeshProcess(cluster.kubeconfig, namespace, "web", capacity_rps=20, folder=tmp_path,
                           register=cluster.register_process, unregister=cluster.unregister_process,
                           faults_configmap="mesh-faults", seed=1) as m:
         yield m, co, core, namespace, api
@@ -143,9 +144,9 @@ def test_real_prometheus_scrapes_the_mesh_and_evaluates_the_seed_query(routed, c
         t = threading.Thread(target=traffic, daemon=True)
         t.start()
         hold_for(SCRAPES_S, "irate reads the last two scrapes: query while traffic flows")
-        whole = prom.value(prometheus.error_rate_query(svc))
-        per_canary = prom.value(prometheus.error_rate_query(svc, revision=CANARY))
-        per_stable = prom.value(prometheus.error_rate_query(svc, revision=STABLE))
+        whole = prom.value(istio.error_rate_query(svc))
+        per_canary = prom.value(istio.error_rate_query(svc, revision=CANARY))
+        per_stable = prom.value(istio.error_rate_query(svc, revision=STABLE))
         t.join()
         assert 0.3 < codes.count(500) / len(codes) < 0.7, codes
         assert whole is not None and 0.2 < whole < 0.8, whole

@@ -4,7 +4,7 @@ From the Argo Rollouts controller's own ``/metrics`` (``controller/metrics/promm
 the same at v1.8.2 and v1.10.2): ``rollout_info{namespace, name, strategy, traffic_router, phase}`` (1; phase
 ``Abort`` when the Progressing condition's reason is ``RolloutAborted``).  Its replica gauges
 (``rollout_info_replicas_unavailable`` = ``status.replicas - status.availableReplicas``) come from the Rollout's
-status, which the controller does not write while a revived ReplicaSet routed by DestinationRule subsets is
+status, which the controller does not write while a revived ReplicaSet routed by Istio subsets is
 partly available (the Istio UpdateHash guard returns before the status is persisted): they read 0 unavailable
 through the whole held rollback (lane alert shows it), so no rule reads them.  The controller exports no weight:
 the canary weight, the step index and the Rollout's phase come from kube-state-metrics' custom-resource-state

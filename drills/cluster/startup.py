@@ -24,7 +24,7 @@ from typing import Callable
 
 import yaml
 
-from .. import config
+from .. import config, routers
 from .stages import load_stages
 
 RANGE = (20000, 32000)
@@ -104,10 +104,11 @@ def kwokctl_configuration(tc, folder: Path, ports: list[int], api_port: int | No
     audit_policy = folder / "audit-policy.yaml"
     policy = {
         "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-        # VirtualServices with their response, so the recorder's completeness can be proved from the
+        # the routers' route objects with their response, so the recorder's completeness can be proved from the
         # apiserver's own record (every resourceVersion it handed out); everything else with metadata.
         "rules": [{"level": "RequestResponse", "verbs": ["create", "update", "patch"],
-                   "resources": [{"group": "networking.istio.io", "resources": ["virtualservices"]}]},
+                   "resources": [{"group": g, "resources": [plural]}
+                                 for g, plural in (r.audit_resource for r in routers.ROUTERS.values())]},
                   {"level": "Metadata"}]}
     audit_policy.write_text(yaml.safe_dump(policy))
     opts = {

@@ -95,6 +95,7 @@ def describe() -> list[dict]:
         entries = lane.expectation_versions()
         out.append({"key": lane.key, "title": lane.title, "data": str(lane.data_dir()),
                     "tests": str(lane.tests_dir()), "variants": list(lane.variants), "extras": list(lane.extras),
+                    "routers": list(lane.routers),
                     "versions": [v for v, e in entries.items() if not e.get("unverified")],
                     "unverified": {v: e["reason"] for v, e in entries.items() if e.get("unverified")}})
     return out

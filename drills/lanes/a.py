@@ -31,13 +31,15 @@ class LaneA(Runbook):
     estimate_s = 150.0
     title = "live rollback: BEFORE 100 on a partial ReplicaSet, cut the final setWeight, AFTER 5, exit"
     variants = ("stage", "prod")
+    routers = ("istio", "nginx")       # the backward search is the controller's, whatever routes the traffic
 
     def __init__(self, ctx: LaneContext):
         super().__init__(ctx)
         self.fx = self.data(f"{ctx.variant}.yaml")
         spec, _ = RolloutSpec.from_fixture(self.data_dir() / f"{ctx.variant}.yaml",
                                            availability_control=ctx.options.get("availability_control", True),
-                                           rollback_via=ctx.options.get("rollback_via", "gitops"))
+                                           rollback_via=ctx.options.get("rollback_via", "gitops"),
+                                           router=ctx.router)
         self.drill = DrillRollout(ctx.api, ctx.namespace, spec, Path(ctx.evidence_dir) / f"lane-a-{ctx.variant}",
                                   log=ctx.log, controller_version=ctx.name, audit_log=ctx.audit_log)
         self.load: PhasedLoad | None = None
@@ -95,7 +97,7 @@ class LaneA(Runbook):
         if self.ctx.cluster is not None and self.ctx.variant == "stage":
             # a user-built controller's load figures are observations: no threshold of a release fails them
             self.load = PhasedLoad(self.ctx.cluster, self.drill.ns, self.drill.name, self.drill.evidence_dir / "load",
-                                   lane=self.key,
+                                   lane=self.key, router=self.drill.spec.router,
                                    judged=self.no_expectation if self.ctx.options.get("user_built") else None)
 
     @step("deploy_v1")
@@ -155,8 +157,8 @@ class LaneA(Runbook):
     @step("after")
     def exit(self) -> list[dict]:
         """Abort the AFTER rollback while the revived ReplicaSet is partial (the incident posture), then
-        promote --full.  The controller may not act on the abort while the ReplicaSet is partial (the
-        DestinationRule switch waits for full availability): what it did is recorded, not assumed."""
+        promote --full.  The controller may not act on the abort while the ReplicaSet is partial (Istio's
+        subset switch waits for full availability): what it did is recorded, not assumed."""
         d, rec = self.drill, self.drill.recording
         res = d.ro.abort(d.name)
         rec.mark("abort", res)

@@ -22,6 +22,7 @@ from pathlib import Path
 from .. import load
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
+from ..routers import ISTIO
 from .abort_drill import AbortObservation, SelfAbortDrill, fmt
 from .base import Runbook, step
 
@@ -128,7 +129,7 @@ def outcome_rows(lane: "LaneAbort", obs: AbortObservation, expect: str | None) -
         after = obs.load_phases.get("after") or {}
         v, r = verdict(ok, reason)
         rows.append(lane.row(
-            obs.step, "traffic returns to the broken release: VirtualService canary weight back to 0",
+            obs.step, f"traffic returns to the broken release: {ISTIO.route_kind} canary weight back to 0",
             "canary weight 0 after the abort", f"canary weight {obs.final_canary_weight}; weights {obs.canary_weights}; "
             f"5xx ratio after: {fmt(after.get('failure_ratio'))}", v, evidence=ev, reason=r, key="weight-back",
             **common))

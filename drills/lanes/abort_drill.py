@@ -21,6 +21,7 @@ import yaml
 from kubernetes import client
 
 from .. import config, load, mesh_server, prometheus, timeline
+from ..routers import istio
 from ..analysis import (
     analysis_query,
     analysis_template,
@@ -112,7 +113,7 @@ class SelfAbortDrill:
         self.fqdn = service_fqdn(self.spec.name, namespace)
         a = self.fx["analysis"]
         self.threshold, self.failure_limit = float(a["threshold"]), int(a["failureLimit"])
-        self.whole_query = prometheus.error_rate_query(self.fqdn, reporter=a["reporter"], window=a["window"])
+        self.whole_query = istio.error_rate_query(self.fqdn, reporter=a["reporter"], window=a["window"])
         self.mesh: mesh_server.MeshProcess | None = None
         self.prom: prometheus.Prometheus | None = None
         self.load: load.LoadRun | None = None
@@ -127,7 +128,7 @@ class SelfAbortDrill:
     def start(self) -> None:
         c = self.cluster
         ev = self.ev / self.step_name
-        self.mesh = mesh_server.MeshProcess(c.kubeconfig, self.ns, self.spec.name, self.spec.name,
+        self.mesh = mesh_server.MeshProcess(c.kubeconfig, self.ns, self.spec.name,
                                      capacity_rps=self.fx["mesh"]["capacity_rps"], folder=ev,
                                      register=c.register_process, unregister=c.unregister_process, seed=7)
         self.prom = prometheus.Prometheus(c.folder, {"mesh": f"127.0.0.1:{self.mesh.port}"},
@@ -214,7 +215,7 @@ class SelfAbortDrill:
         metric = self.fx["analysis"]["metric"]
         names = run_names(records, f"{d.name}-{d.hash_v1}-")
         ms, phases = measurements(records, names[0], metric) if names else ([], [])
-        stable_q = prometheus.error_rate_query(self.fqdn, revision=d.hash_v2, reporter=self.fx["analysis"]["reporter"],
+        stable_q = istio.error_rate_query(self.fqdn, revision=d.hash_v2, reporter=self.fx["analysis"]["reporter"],
                                                window=self.fx["analysis"]["window"])
         for m in ms:
             m["stable_rate"] = _val(self.prom.query(stable_q, at=m["wall"]))
@@ -230,8 +231,9 @@ class SelfAbortDrill:
             rates.append([round(t - self.marks["rollback"], 1), _val(self.prom.query(self.whole_query, at=t)),
                           _val(self.prom.query(stable_q, at=t))])
             t += 1.0
-        canary_q = (f'sum(increase(istio_requests_total{{reporter="destination", destination_service=~"{self.fqdn}", '
-                    f'revision="{d.hash_v1}"}}[{max(2, int(self.marks["end"] - self.marks["rollback"]) + 1)}s]))')
+        canary_q = istio.requests_increase_query(
+            f'reporter="destination", destination_service=~"{self.fqdn}", revision="{d.hash_v1}"',
+            f'{max(2, int(self.marks["end"] - self.marks["rollback"]) + 1)}s')
         canary_requests = _val(self.prom.query(canary_q, at=self.marks["end"]))
         st = ro["status"]
         derived = timeline.derive(records, d.hash_v1, since_mark="rollback")

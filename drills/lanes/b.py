@@ -161,7 +161,7 @@ class LaneB(Runbook):
                          step=ro["status"].get("currentStepIndex"))
                 log(f"lane b: plain promote through the pause at step {ro['status'].get('currentStepIndex')}")
             try:
-                rec.wait_for("the VirtualService back to all-stable after reaching 100", _back_to_stable, 20)
+                rec.wait_for("the route back to all-stable after reaching 100", _back_to_stable, 20)
             except WaitTimeout as e:       # the rows below say what the weights were
                 log(f"lane b: {e}")
         finally:

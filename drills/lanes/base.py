@@ -75,6 +75,7 @@ class LaneContext:
     options: dict = field(default_factory=dict)   # availability_control, rollback_via, source, crds, user_built
     log: Callable[[str], None] = print
     label: str | None = None       # a user-built controller's name (its version plus its commit); None: a release
+    router: str = "istio"          # the traffic router the lane's Rollouts are routed by (drills.routers)
 
     @property
     def name(self) -> str:
@@ -108,6 +109,7 @@ class Runbook:
     variants: ClassVar[tuple[str, ...]] = ("stage",)
     extras: ClassVar[tuple[str, ...]] = ()          # toolchain components the lane needs besides the cluster
     estimate_s: ClassVar[float] = 200.0             # a leg's seconds before one was measured (plans, shards)
+    routers: ClassVar[tuple[str, ...]] = ("istio",)  # the traffic routers the lane makes sense for
 
     def __init__(self, ctx: LaneContext):
         self.ctx = ctx

@@ -111,7 +111,7 @@ class LaneOrder(Runbook):
     # --- plumbing -------------------------------------------------------------------------------------
     def drill(self, key: str) -> DrillRollout:
         """One Rollout per probe, each in a namespace of its own (the recorder's audit-log check covers every
-        VirtualService of its namespace)."""
+        route object of its namespace)."""
         if key not in self.drills:
             ns = make_namespace(self.ctx.api, namespace_name(f"order-{self.fx[key]['name']}"))
             self.namespaces.append(ns)

@@ -125,7 +125,8 @@ class LaneScan(Runbook):
             rows.append(self.row(
                 STEP_VERIFY, f"peak canary weight while partial: {s.label} (probed at replicas {s.probe_replicas})",
                 c["predicted"], c["observed"],
-                c["verdict"], evidence=c["evidence"], reason=c["reason"], key=key_of(s.label), rule=c["rule"],
+                c["verdict"], evidence=c["evidence"], reason=c["reason"], key=key_of(s.label), router=c["router"],
+                rule=c["rule"],
                 predicted_pods=c["predicted_pods"], observed_pods=c["observed_pods"],
                 probe_replicas=c["probe_replicas"], replicas=c["replicas"], at_max=c["at_max"], rollouts=c["rollouts"],
                 example=c["example"], window_evidence=c["window_evidence"],

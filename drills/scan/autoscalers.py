@@ -41,6 +41,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from .. import config
 from .model import ScanInputError, ScannedRollout, _int, _mapping, last_set_weight_step, prescribed
 from .predict import Prediction, predict
 from .sources import VersionFacts
@@ -52,7 +53,7 @@ FIELDS = {HPA: ("minReplicas", "maxReplicas"), KEDA: ("minReplicaCount", "maxRep
 DEFAULT_MIN = {HPA: 1, KEDA: 0}
 DEFAULT_MAX = {KEDA: 100}                       # an HPA's maxReplicas is required
 KEDA_TARGET = ("apps/v1", "Deployment")         # a ScaledObject's scaleTargetRef defaults
-ROLLOUT_GROUP = "argoproj.io"
+ROLLOUT_GROUP = config.ARGO_GROUP
 MANIFESTS = "manifests"
 CLOSE_SEARCH = 1000                             # floors tried above the computed one before giving up
 

@@ -121,8 +121,9 @@ def read_cluster(kubeconfig: str, context: str, namespace: str | None = None, se
                                     error=kube.describe(e, kube.server_of(api), "finding the rollouts controller"))
     try:
         co, sel = client.CustomObjectsApi(api), ({"label_selector": selector} if selector else {})
-        items = (co.list_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "rollouts", **sel)
-                 if namespace else co.list_cluster_custom_object("argoproj.io", "v1alpha1", "rollouts", **sel))
+        gv = (config.ARGO_GROUP, config.ARGO_VERSION)
+        items = (co.list_namespaced_custom_object(*gv, namespace, "rollouts", **sel)
+                 if namespace else co.list_cluster_custom_object(*gv, "rollouts", **sel))
     except Exception as e:                       # refused, forbidden, TLS, a silent server: said in one line
         return ClusterInventory(context, None, None, **scope,
                                 error=kube.describe(e, kube.server_of(api), "listing Rollouts"))

@@ -1,10 +1,10 @@
 """``--verify K``: the prediction judged by the real controller (the rows are lane ``scan``'s, drills.lanes.scan).
 
-Up to K distinct shapes (controller version, routing, steps, replicas, minPodsPerReplicaSet,
+Up to K distinct shapes (controller version, router and routing, steps, replicas, minPodsPerReplicaSet,
 replicaProgressThreshold, dynamicStableScale) are picked so that every predicted rule the probe can run is
 covered (one shape per rule first, the shape standing for the most Rollouts; then the most common others).
-Each runs through the rollback probe (drills.probe) on the embedded cluster at that version, in a namespace of
-its own, and becomes one comparison: predicted vs observed peak canary weight while the revived ReplicaSet is
+Each runs through the rollback probe (drills.probe) on the embedded cluster at that version, on its own router
+(Istio or nginx: drills.routers), in a namespace of its own, and becomes one comparison: predicted vs observed peak canary weight while the revived ReplicaSet is
 partial, and the pods that carried it.  A shape is probed at fewer replicas when its replicas would make the
 probe long, but only at a count whose prediction has the same rule, peak and exposure; pause durations are
 shortened (they do not enter the rollback path: the index jumps past them).
@@ -22,6 +22,7 @@ import json
 import uuid
 from pathlib import Path
 
+from .. import routers
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..ledger import FAIL, INCONCLUSIVE, PASS
 from ..probe import run_probe
@@ -60,7 +61,7 @@ class Shape:
         ro = self.ro
         extra = (f", replicaProgressThreshold {ro.rpt['type']} {ro.rpt['value']}" if ro.rpt else "") + \
             (", dynamicStableScale" if ro.dss else "")
-        return (f"{ro.routing} {steps_text(ro.steps)} replicas {ro.replicas}"
+        return (f"{routed_by(ro)} {steps_text(ro.steps)} replicas {ro.replicas}"
                 f"{' (autoscaler maximum)' if self.at_max else ''} minPods "
                 f"{'-' if ro.min_pods is None else ro.min_pods}{extra}")
 
@@ -70,10 +71,12 @@ def not_verifiable(r: Record) -> str | None:
         return "controller version unknown"
     if r.pred.rule in NOT_APPLICABLE_RULES:
         return f"not applicable ({r.pred.rule})"
-    if r.ro.routing not in ("subset", "host"):
-        return f"the probe routes with Istio subsets or hosts, not {r.ro.router or r.ro.routing}"
+    if probe_router(r.ro) is None:
+        return f"the probe routes with Istio subsets or hosts, or nginx, not {r.ro.router or r.ro.routing}"
     if r.facts.cap:
         return "a source with the weight cap is not a built release"
+    if r.ro.max_weight != 100:
+        return f"the probe's Rollout has no maxTrafficWeight ({r.ro.max_weight} here)"
     if r.ro.dss:
         return "the probe sets scaleDownDelaySeconds, which dynamicStableScale forbids (InvalidSpec)"
     extra = sorted({k for s in r.ro.steps for k in s} - PROBE_STEP_FIELDS)
@@ -83,8 +86,8 @@ def not_verifiable(r: Record) -> str | None:
 
 
 def _key(ro) -> tuple:
-    return (ro.controller_version, ro.routing, json.dumps(ro.steps, sort_keys=True), ro.replicas, ro.min_pods,
-            json.dumps(ro.rpt, sort_keys=True), ro.dss, ro.max_weight)
+    return (ro.controller_version, ro.router, ro.routing, json.dumps(ro.steps, sort_keys=True), ro.replicas,
+            ro.min_pods, json.dumps(ro.rpt, sort_keys=True), ro.dss, ro.max_weight)
 
 
 def probe_replicas(r: Record, at_max: bool = False) -> int | None:
@@ -147,12 +150,25 @@ def probe_steps(steps: list) -> list:
             else dict(s) for s in steps]
 
 
+def probe_router(ro) -> str | None:
+    """The router the probe routes a scanned Rollout with (None: one the probe has not)."""
+    if ro.router == "istio" and ro.routing in ("subset", "host"):
+        return "istio"
+    return ro.router if ro.router in routers.NAMES and ro.router != "istio" else None
+
+
+def routed_by(ro) -> str:
+    return ro.routing if ro.router in ("istio", "") else ro.router
+
+
 def probe_spec(shape: Shape) -> RolloutSpec:
     ro = shape.ro
+    router = probe_router(ro) or "istio"
     extra = {"replicaProgressThreshold": dict(ro.rpt)} if ro.rpt else {}
     name = f"scan-{uuid.uuid4().hex[:5]}"
     return RolloutSpec(steps=probe_steps(ro.steps), replicas=shape.probe_replicas, min_pods=ro.min_pods or 1,
-                       routing=ro.routing, rollback_window=max(ro.rollback_window or 1, 1), hold_seconds=HOLD_SECONDS,
+                       router=router, routing=ro.routing if router == "istio" else None,
+                       rollback_window=max(ro.rollback_window or 1, 1), hold_seconds=HOLD_SECONDS,
                        name=name, extra_canary=extra, image_v1=f"registry.local/{name}:v1",
                        image_v2=f"registry.local/{name}:v2")
 
@@ -164,7 +180,7 @@ def run_shape(api, shape: Shape, version: str, evidence_dir: Path, audit_log=Non
     pred = shape.pred
     probed = predict(dataclasses.replace(shape.ro, replicas=shape.probe_replicas), shape.record.facts)
     spec = probe_spec(shape)
-    out = {"controller_version": version, "shape": shape.label, "rule": pred.rule, "rollouts": shape.count,
+    out = {"controller_version": version, "router": spec.router, "shape": shape.label, "rule": pred.rule, "rollouts": shape.count,
            "example": f"{shape.ro.source} {shape.ro.key}", "replicas": shape.ro.replicas,
            "at_max": shape.at_max, "probe_replicas": shape.probe_replicas, "predicted": probed.peak,
            "predicted_pods": probed.carrying,

@@ -19,6 +19,7 @@ import yaml
 
 from .. import config
 from ..errors import BadInput
+from ..routers import ISTIO
 from ..procs import die_with_parent
 from .locks import _RUNNING, _RUNNING_LOCK, WAITS, build_jobs, check_jobs, hold_any  # noqa: F401 (WAITS: read here)
 from .modsource import ModuleUnavailable, go_env, module_source
@@ -412,10 +413,10 @@ class Toolchain:
     @staticmethod
     def _collect_istio(moddir: Path, dest: Path) -> None:
         docs = yaml.safe_load_all((moddir / "kubernetes" / "customresourcedefinitions.gen.yaml").read_text())
-        want = {"virtualservices.networking.istio.io", "destinationrules.networking.istio.io"}
+        want = ISTIO.crds
         picked = [d for d in docs if d and d.get("metadata", {}).get("name") in want]
-        if len(picked) != 2:
-            raise BuildError(f"istio.io/api: expected VirtualService and DestinationRule CRDs, found {len(picked)}")
+        if len(picked) != len(want):
+            raise BuildError(f"istio.io/api: expected the CRDs {', '.join(sorted(want))}, found {len(picked)}")
         (dest / "crds.yaml").write_text(yaml.safe_dump_all(picked, sort_keys=False))
 
     @staticmethod

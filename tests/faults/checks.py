@@ -11,7 +11,7 @@ from kubernetes.client.rest import ApiException
 
 from drills import safety, timeline
 from drills.cluster.availability import Availability
-from drills.recorder import audit_virtualservice_writes
+from drills.recorder import audit_route_writes
 from drills.rollout import GROUP, PLURAL, VERSION
 from drills.wait import WaitTimeout, until
 
@@ -131,7 +131,7 @@ def unrecorded_writes(timeline_file: Path, audit_log: Path, namespace: str) -> l
     recs = timeline.load(Path(timeline_file))
     walls = [r["wall"] for r in recs if r.get("wall")]
     have = {r["rv"] for r in recs if r["kind"] == "VirtualService"}
-    writes = audit_virtualservice_writes(Path(audit_log), namespace, since_wall=min(walls))
+    writes = audit_route_writes(Path(audit_log), namespace, since_wall=min(walls))
     return [w["rv"] for w in writes if w["time"] and w["time"] <= max(walls) and w["rv"] not in have]
 
 

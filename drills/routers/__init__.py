@@ -1,0 +1,59 @@
+"""The traffic routers a drill runs with, one module each behind one interface (drills.routers.base), picked as
+the controller picks them: by the key under the Rollout's ``trafficRouting``.
+
+A run's router is a run dimension (``--router``): legs, rows, the report and the matrix carry it.
+"""
+from __future__ import annotations
+
+from ..errors import BadInput
+from .base import Route, Source, TrafficRouter, Watch
+from .istio import ROUTER as ISTIO
+from .nginx import ROUTER as NGINX
+
+ROUTERS: dict[str, TrafficRouter] = {r.name: r for r in (ISTIO, NGINX)}
+DEFAULT = ISTIO.name
+NAMES = tuple(ROUTERS)
+# the record kinds that carry weights, whatever the router
+ROUTE_KINDS = tuple(r.route_kind for r in ROUTERS.values())
+
+__all__ = ["DEFAULT", "NAMES", "ROUTERS", "ROUTE_KINDS", "Route", "Source", "TrafficRouter", "Watch", "get",
+           "of_canary", "of_record", "parse_names"]
+
+
+def get(name: str | None) -> TrafficRouter:
+    try:
+        return ROUTERS[name or DEFAULT]
+    except KeyError:
+        raise BadInput(f"router {name!r}: choose from {', '.join(NAMES)}") from None
+
+
+def of_canary(canary: dict) -> TrafficRouter | None:
+    """The router of a canary strategy, by its trafficRouting key as the controller dispatches (None: none of
+    ours, or no trafficRouting)."""
+    tr = canary.get("trafficRouting") or {}
+    if not isinstance(tr, dict):
+        return None
+    return next((r for r in ROUTERS.values() if tr.get(r.key)), None)
+
+
+def of_record(rollout: dict) -> TrafficRouter:
+    """The router of a condensed Rollout record (timelines recorded before routers were a dimension: Istio)."""
+    return ROUTERS.get(rollout.get("router") or DEFAULT, ISTIO)
+
+
+def parse_names(text: str | None) -> list[str]:
+    """``--router istio,nginx`` (or ``all``): known names, in the order given, each once."""
+    if not text:
+        return [DEFAULT]
+    if text.strip() == "all":
+        return list(NAMES)
+    out = []
+    for name in (x.strip() for x in text.split(",")):
+        if not name:
+            continue
+        get(name)
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise BadInput(f"--router {text!r}: name one of {', '.join(NAMES)}")
+    return out
