@@ -21,7 +21,7 @@ from .helm import Helm, HelmError
 from .kubeconfig import files_of
 from .ledger import new_run_id
 from .outputs import check_output, reports_folder
-from .live import check_inputs as live_check_inputs, run_live, run_live_b
+from .live import check_inputs as live_check_inputs, live_controller, run_live, run_live_b
 from .probe import controller_log_of, observation_dict, run_probe
 from .recorder import watch_rollout
 from .renderdiff import render_diff
@@ -163,15 +163,8 @@ def _embedded_only(args) -> list[str]:
                                   ("--router", args.router is not None)) if on]
 
 
-def live_controller(spec: str | None) -> str | None:
-    """In live mode --controller names the live controller's version (one release tag) instead of its image tag."""
-    if spec is None:
-        return None
-    v = config.normalise_version(spec) if "," not in spec else None
-    if v is None:
-        raise BadInput(f"--controller {spec!r}: in live mode give the one version the live controller runs "
-                       f"(e.g. v1.8.2); without it the version is its image tag")
-    return v
+def routers_of(keys: list[str]) -> str:
+    return ", ".join(sorted({r for k in keys for r in lanes.REGISTRY[k].routers}))
 
 
 def cmd_run(args) -> int:
@@ -213,7 +206,11 @@ def cmd_run(args) -> int:
         reports_folder()
     versions = [binary.release] if binary else resolve_controller_versions(args.controller)
     plan = legs.plan(versions, keys, args.variant or "stage", label=binary.label if binary else None,
-                     router_names=parse_routers(args.router))
+                     router_names=parse_routers(args.router), named=bool(args.lanes) and args.lanes.strip() != "all")
+    left = [k for k in keys if k not in {x.lane for x in plan}]
+    if left:        # `all` lanes on a router some of them do not run on: said, never silently fewer
+        print(f"drills: lane(s) {', '.join(left)} run on {routers_of(left)} only: not in this run (--router "
+              f"{args.router})", file=sys.stderr)
     durations = legs.read_durations(Path(args.durations) if args.durations else None)
     doc = legs.plan_document(plan, durations, shard, args.durations or str(legs.durations_file()))
     if args.plan:

@@ -67,12 +67,17 @@ def lane_variants(lane: str, mode: str) -> tuple[str, ...]:
 
 
 def plan(versions: list[str], lanes: list[str], mode: str = "stage", label: str | None = None,
-         router_names: list[str] | None = None) -> list[Leg]:
+         router_names: list[str] | None = None, named: bool = False) -> list[Leg]:
     """Versions as given, then lanes in order, each lane's variants, then routers; a lane runs on the routers its
-    Runbook names (``routers``).  Routers asked for that no lane asked for runs on: BadInput."""
+    Runbook names (``routers``).  Routers asked for that no lane asked for runs on: BadInput; ``named`` (the lanes
+    were named one by one, not ``all``): a lane that runs on none of the routers asked for is BadInput too."""
     if mode not in VARIANT_MODES:
         raise BadInput(f"--variant {mode!r}: choose from {', '.join(VARIANT_MODES)}")
     names = router_names or [routers.DEFAULT]
+    idle = [lane for lane in lanes if not set(names) & set(REGISTRY[lane].routers)]
+    if named and idle:
+        raise BadInput(f"--lanes {','.join(idle)}: " + "; ".join(
+            f"lane {k} runs on {', '.join(REGISTRY[k].routers)}" for k in idle) + f", not on {', '.join(names)}")
     for name in names:
         if not any(name in REGISTRY[lane].routers for lane in lanes):
             raise BadInput(f"--router {name}: none of the lanes {', '.join(lanes)} runs on it (lanes that do: "
@@ -215,17 +220,27 @@ class Gap:
         return f"leg {self.leg}: {self.cause}"
 
 
+def split_router(leg_id: str) -> tuple[str, str]:
+    """(controller/lane/variant, router) of a leg id (a router other than the default is its last part)."""
+    head, _, tail = leg_id.rpartition("/")
+    if head and tail in routers.NAMES and tail != routers.DEFAULT:
+        return head, tail
+    return leg_id, routers.DEFAULT
+
+
 def rows_of(rows: list[dict], record: dict) -> list[dict]:
     """The rows a leg wrote (``record``: its entry in run.json): the rows naming it (``leg``); a row recorded
     without a leg, by its lane, controller and (when it says one) variant."""
-    parts = str(record.get("id") or "").rsplit("/", 2)        # controller/lane/variant, when the record lacks them
+    leg_id, router = split_router(str(record.get("id") or ""))
+    router = record.get("router") or router
+    parts = leg_id.rsplit("/", 2)        # controller/lane/variant, when the record lacks them
     controller, lane, want = (record.get(k) or (parts[i] if len(parts) == 3 else None)
                               for i, k in enumerate(("controller", "lane", "variant")))
 
     def mine(r: dict) -> bool:
         if r.get("leg"):
             return r["leg"] == record.get("id")
-        if r.get("lane") != lane:
+        if r.get("lane") != lane or (r.get("router") or routers.DEFAULT) != router:
             return False
         variant = (r.get("details") or {}).get("variant") if isinstance(r.get("details"), dict) else None
         if variant and want and variant != want:

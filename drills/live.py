@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from . import config, kube
+from . import config, kube, routers
 from .kubeconfig import server_of
 from .errors import BadInput, Refused
 from .kit import DrillRollout
@@ -146,6 +146,7 @@ def check_shape(ro: dict, container: str | None) -> str:
     canary = strategy.get("canary") if isinstance(strategy, dict) else None
     if not isinstance(canary, dict) or not canary.get("trafficRouting"):
         raise Refused(f"{where} is not a canary with traffic routing")
+    router_of(ro)                      # a router whose weights the drills read
     steps = canary.get("steps")
     if isinstance(steps, list) and not all(isinstance(s, dict) and len(s) == 1 for s in steps):
         bad = next(i for i, s in enumerate(steps) if not (isinstance(s, dict) and len(s) == 1))
@@ -247,6 +248,33 @@ def check_other_differences(where: str, app: str, others: list[str], allow: bool
                       f"(those differences are then left as they are now)")
 
 
+def live_controller(spec: str | None) -> str | None:
+    """In live mode --controller names the live controller's version (one release tag) instead of its image tag."""
+    if spec is None:
+        return None
+    v = config.normalise_version(spec) if "," not in spec else None
+    if v is None:
+        raise BadInput(f"--controller {spec!r}: in live mode give the one version the live controller runs "
+                       f"(e.g. v1.8.2); without it the version is its image tag")
+    return v
+
+
+def router_of(ro: dict, strict: bool = True) -> str:
+    """The router of a live Rollout, by its trafficRouting key as the controller picks it (its rows carry it);
+    ``strict``: one whose weights the drills cannot read is refused, else named by its key (a read-only watch)."""
+    canary = ((ro.get("spec") or {}).get("strategy") or {}).get("canary") or {}
+    known = routers.of_canary(canary if isinstance(canary, dict) else {})
+    if known is None and not strict:
+        tr = canary.get("trafficRouting") if isinstance(canary, dict) else None
+        return next(iter(sorted(tr)), "none") if isinstance(tr, dict) and tr else "none"
+    if known is None:
+        tr = canary.get("trafficRouting") if isinstance(canary, dict) else None
+        raise Refused(f"rollout {ro['metadata'].get('namespace')}/{ro['metadata'].get('name')}: its trafficRouting "
+                      f"({', '.join(sorted(tr)) if isinstance(tr, dict) else 'none'}) is none the drills read "
+                      f"weights from ({', '.join(routers.NAMES)})")
+    return known.name
+
+
 def run_live_b(args, duration: float, log=None) -> int:
     """Lane B live: the next deploy of the named Rollout, watched read-only (the gate: allowlist, opt-in label)."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -256,7 +284,7 @@ def run_live_b(args, duration: float, log=None) -> int:
         with kube.deadline(kube.read_timeout(), "live preflight"):
             api = kube.new_client(target.kubeconfig, target.context)
             check_namespace(api, target.namespace)
-            Rollouts(api, target.namespace).get(target.rollout)
+            router = router_of(Rollouts(api, target.namespace).get(target.rollout), strict=False)
             version = args.controller or controller_image_version(api)
     except ApiException as e:
         if e.status == 404:
@@ -274,9 +302,9 @@ def run_live_b(args, duration: float, log=None) -> int:
     run_dir = config.reports_dir() / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version,
-                    kubernetes_version=server_version(api))
+                    kubernetes_version=server_version(api), router=router)
     ctx = LaneContext(api=api, namespace=target.namespace, evidence_dir=run_dir / "live", ledger=ledger,
-                      version=version, variant="live", log=log)
+                      version=version, variant="live", log=log, router=router)
     with SignalGuard() as guard:
         try:
             LiveLaneB(ctx, target.rollout, duration).first_deploy()
@@ -310,6 +338,7 @@ def run_live(args, log=None) -> int:
     except Exception as e:   # a failure of the read-only preflight: nothing was mutated
         raise kube.unreachable(e, api, "live preflight") from None
     ro, app = pre["rollout"], pre["app"]
+    router = router_of(ro)             # before anything is written: a router whose weights the drills cannot read
     steps = ro["spec"]["strategy"]["canary"]["steps"]
     cut = cut_final_full_weight(steps)
     template_v1 = rollback_template(ro, pre["target_template"], app)
@@ -356,8 +385,8 @@ def run_live(args, log=None) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise kube.unreachable(e, api, "taking the lease") from None
     ledger = Ledger(run_dir, run_id, target=target.context, controller_version=version,
-                    kubernetes_version=server_version(api))
-    spec = RolloutSpec(steps=steps, replicas=ro["spec"].get("replicas", 1), name=target.rollout,
+                    kubernetes_version=server_version(api), router=router)
+    spec = RolloutSpec(steps=steps, replicas=ro["spec"].get("replicas", 1), name=target.rollout, router=router,
                        availability_control=False, rollback_via=args.rollback_via, container=app,
                        image_v1=image_v1, image_v2=image_v2)
     drill = DrillRollout(api, target.namespace, spec, run_dir / "live", journal=journal, log=log,

@@ -291,6 +291,11 @@ class Recorder:
             writes = audit_route_writes(self.audit_log, self.ns, since_wall=self.started_wall, router=self.router)
             missing = missing_route_versions(self.records, writes, self.router)
             self.audit_checked = len(writes)
+            blind = sum(1 for w in writes if not w["rv"])
+            if blind:              # a policy without the response body: those writes prove nothing either way
+                self.incomplete_reasons.append(f"the apiserver's audit log has {blind} {self.router.route_kind} "
+                                               f"write(s) without the object written: the timeline cannot be proved "
+                                               f"complete against them")
             if missing:
                 self.incomplete_reasons.append(f"the apiserver's audit log has {self.router.route_kind} "
                                                f"resourceVersions the timeline lacks: {missing}")

@@ -133,10 +133,10 @@ def record_unfinished(r) -> None:
             continue
         b = r._binary(res.leg)
         Ledger(r.run_dir, r.run_id, "embedded", b.reported if b else res.leg.controller, b.sha256 if b else None,
-               b.label if b else None).record(
+               b.label if b else None, leg=res.leg.id, router=res.leg.router).record(
             res.leg.lane, "run", "the leg ran to its end", "its pytest ends by itself", res.state if res.state ==
             INTERRUPTED else f"pytest exit {res.rc}", INCONCLUSIVE, reason=f"leg {res.leg.id}: {why}; its rows are "
-            f"what it recorded before", key="leg-ran-to-its-end", leg=res.leg.id)
+            f"what it recorded before", key="leg-ran-to-its-end")
 
 
 def interrupted_by(run_dir: Path) -> str | None:

@@ -95,7 +95,7 @@ def leg_rows(rows: list[dict], leg: Leg, binary: "Binary | None" = None) -> list
     def mine(r: dict) -> bool:
         if r.get("leg"):
             return r["leg"] == leg.id
-        if r.get("lane") != leg.lane:
+        if r.get("lane") != leg.lane or (r.get("router") or "istio") != leg.router:
             return False
         if binary is not None and binary.sha256:
             return r.get("controller_sha256") == binary.sha256

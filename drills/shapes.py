@@ -69,8 +69,8 @@ def manifests(spec: RolloutSpec, namespace: str) -> dict:
     labels = {"app.kubernetes.io/name": n, "app.kubernetes.io/instance": n}
     canary: dict = {"steps": copy.deepcopy(spec.steps), "minPodsPerReplicaSet": spec.min_pods,
                     "scaleDownDelaySeconds": spec.scale_down_delay}
+    canary.update(copy.deepcopy(spec.extra_canary))       # the router's fields are its own: they come last
     services, objects = router.routing_manifests(spec, namespace, labels, canary)
-    canary.update(copy.deepcopy(spec.extra_canary))
     template = {"metadata": {"labels": dict(labels)},
                 "spec": {"containers": [{"name": spec.container, "image": spec.image_v1,
                                          "ports": [{"containerPort": 8080}]}, *copy.deepcopy(spec.sidecars)]}}

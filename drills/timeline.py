@@ -250,12 +250,12 @@ def exit_analysis(records: list[dict], revived_hash: str, replicas: int) -> dict
                 abort_effective = True
         elif r["kind"] == "ReplicaSet" and r["obj"].get("hash") == revived_hash:
             rs_avail = r["obj"]["available"]
-        elif r["kind"] in routers.ROUTE_KINDS and ro:
+        elif r["kind"] in routers.ROUTE_KINDS:
             if r["type"] == "DELETED":
                 routes.get(r["kind"], {}).pop(r["name"], None)
             else:
                 routes.setdefault(r["kind"], {})[r["name"]] = r["obj"]
-            c, _ = weights_of(routes.get(routers.of_record(ro).route_kind, {}), ro)
+            c, _ = weights_of(routes.get(routers.of_record(ro).route_kind, {}), ro) if ro else (None, None)
             if c is not None:
                 weight = c
                 if at_pf is not None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import config, lanes, legs, provenance, routers, runner, upgrade
+from . import config, lanes, legs, provenance, runner, upgrade
 from .answer import HOLDS, NO, declared, headline
 from .branches import SourceMapError, find_branches, source_file
 from .controller_binary import ControllerBinaryError, inspect_binary
@@ -173,15 +173,12 @@ def _legs_of(meta: dict, sides: Sides, keys: list[str]) -> list[dict]:
     """The legs of a recorded run folder that ran these lanes on either side."""
     out = []
     for x in meta.get("legs") or []:
-        leg_id, router = str(x["id"]), x.get("router")
-        tail = leg_id.rsplit("/", 1)[-1]
-        if tail in routers.NAMES and tail != routers.DEFAULT:      # an id names a router other than the default
-            leg_id, router = leg_id.rsplit("/", 1)[0], router or tail
+        leg_id, router = legs.split_router(str(x["id"]))
+        router = x.get("router") or router
         parts = leg_id.rsplit("/", 2)
         lane = x.get("lane") or (parts[1] if len(parts) == 3 else None)
         controller = x.get("controller") or parts[0]
-        if lane in keys and controller in (sides.baseline, sides.candidate) and \
-                (router or routers.DEFAULT) == sides.router:
+        if lane in keys and controller in (sides.baseline, sides.candidate) and router == sides.router:
             out.append(x)
     return out
 

@@ -24,6 +24,7 @@ def _side_series(run_dir: Path, rows: list[dict], side: dict | None, lane: str, 
     for ev in [side.get("evidence")] + [r.get("evidence") for r in rows if r.get("lane") == lane and
                                         r.get("step") == step and
                                         r.get("controller_version") == side.get("controller_version") and
+                                        (r.get("router") or "istio") == (side.get("router") or "istio") and
                                         r.get("controller_sha256") == side.get("controller_sha256")]:
         sp = series_of(run_dir, ev)
         if sp is not None:

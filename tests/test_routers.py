@@ -80,7 +80,7 @@ def test_nginx_weights_come_from_the_canary_ingress_the_controller_names():
     canary = nginx.condense_ingress(_ingress("web-web-canary", 100, service="web-canary"))
     assert nginx.ROUTER.weights({"web": stable, "web-web-canary": canary}, ro) == (100, 0)
     scaled = nginx.condense_ingress(_ingress("web-web-canary", 50, total=200, service="web-canary"))
-    assert nginx.ROUTER.weights({"web": stable, "web-web-canary": scaled}, ro) == (25, 75)
+    assert nginx.ROUTER.weights({"web": stable, "web-web-canary": scaled}, ro) == (50, 150)   # as written
     other = nginx.condense_ingress(_ingress("other-canary", 100, service="web-canary"))
     assert nginx.ROUTER.weights({"web": stable, "other-canary": other}, ro) == (0, 100)   # not this Rollout's
     assert nginx.ROUTER.weights({}, ro) == (None, None)
@@ -125,8 +125,9 @@ def _service(name: str, h: str | None) -> dict:
 def test_the_mesh_sends_the_canary_ingress_share_to_the_canary_service_pods():
     services = {"web-stable": _service("web-stable", "aaa"), "web-canary": _service("web-canary", "bbb")}
     ingresses = {"web": _ingress("web"), "web-web-canary": _ingress("web-web-canary", 25, service="web-canary"),
-                 "elsewhere": _ingress("elsewhere", 100, host="other.local", service="web-canary")}
-    table = nginx.route_table(ingresses, services, "web")
+                 "elsewhere": _ingress("elsewhere", 100, host="other.local", service="web-canary"),
+                 "a-foreign-canary": _ingress("a-foreign-canary", 100, service="web-stable")}
+    table = nginx.route_table(ingresses, services, "web")       # the controller's canary Ingress, not a foreign one
     assert [(r.host, r.weight, r.labels.get(HASH)) for r in table] == [("web-stable", 75, "aaa"),
                                                                         ("web-canary", 25, "bbb")]
     r = Router(1e6)
@@ -167,8 +168,19 @@ def test_the_router_is_a_run_dimension_of_legs_rows_and_labels(tmp_path):
     assert plan[1].to_dict()["router"] == "nginx" and plan[0].to_dict()["router"] == "istio"
     with pytest.raises(BadInput, match="none of the lanes b runs on it"):
         legs.plan(["v1.8.2"], ["b"], router_names=["nginx"])
+    assert [x.id for x in legs.plan(["v1.8.2"], ["a", "b"], router_names=["nginx"])] == ["v1.8.2/a/stage/nginx"]
+    with pytest.raises(BadInput, match="lane b runs on istio, not on nginx"):      # b named by itself: refused
+        legs.plan(["v1.8.2"], ["a", "b"], router_names=["nginx"], named=True)
+    assert legs.split_router("v1.8.2/a/stage/nginx") == ("v1.8.2/a/stage", "nginx")
+    assert legs.split_router("v1.8.2/a/stage") == ("v1.8.2/a/stage", "istio")
     led = Ledger(tmp_path, "r1", "embedded", "v1.8.2", router="nginx")
     row = led.record("a", "before", "peak", 100, 100, "pass", key="peak-weight")
     assert row["router"] == "nginx"
     assert controller_label(row) == "v1.8.2 on nginx"
-    assert controller_label(Ledger(tmp_path, "r1", "embedded", "v1.8.2").record("a", "b", "x", 1, 1, "pass")) == "v1.8.2"
+    istio_row = Ledger(tmp_path, "r1", "embedded", "v1.8.2").record("a", "before", "peak", 100, 100, "pass")
+    assert controller_label(istio_row) == "v1.8.2"
+    # a row written without its leg (a killed leg's) belongs to the leg of its router only
+    orphans = [dict(row, leg=None), dict(istio_row, leg=None)]
+    for leg in plan[:2]:
+        got = legs.rows_of(orphans, leg.to_dict())
+        assert [r["router"] for r in got] == [leg.router], (leg.id, got)

@@ -5,8 +5,8 @@ rules with the backend switched to the canaryService) and writes the weight into
 pod-template-hash the controller writes (rollout/service.go): the canaryService follows the newest ReplicaSet from
 its first available pod, so there is no readiness guard on the weight.
 
-The canary/stable weights are read from the canary Ingress's annotations (``canary-weight`` over
-``canary-weight-total``, 100 by default), the emulated data path sends that share to the canary Ingress's backend
+The canary/stable weights are read from the canary Ingress's annotations as written (``canary-weight``, and the
+rest of ``canary-weight-total``, 100 by default), the emulated data path sends that share to the canary Ingress's backend
 and the rest to the stable one's, as ingress-nginx does for a canary Ingress on the same host and path.
 """
 from __future__ import annotations
@@ -88,9 +88,10 @@ def canary_share(annotations: dict, prefix: str = DEFAULT_PREFIX) -> tuple[int, 
 
 # --- the mesh emulator's route table --------------------------------------------------------------------------
 def route_table(ingresses: dict[str, dict], services: dict[str, dict], stable_ingress: str,
-                prefix: str = DEFAULT_PREFIX) -> list[Route]:
-    """The stable Ingress's backend with the rest of the traffic, each canary Ingress on one of its hosts with its
-    share (ingress-nginx serves one canary per host and path: the first by name)."""
+                prefix: str = DEFAULT_PREFIX, rollout: str | None = None) -> list[Route]:
+    """The stable Ingress's backend with the rest of the traffic and the canary Ingress on one of its hosts with its
+    share: the one the controller names for ``rollout`` (default: a Rollout named as the stable Ingress), else the
+    first by name (ingress-nginx serves one canary per host and path).  Weights as written, over the total."""
     stable = ingresses.get(stable_ingress)
     if not stable:
         return []
@@ -99,8 +100,9 @@ def route_table(ingresses: dict[str, dict], services: dict[str, dict], stable_in
     backends = _backends(st_spec)
     if not backends:
         return []
-    routes, canary_weight = [], 0
-    for name in sorted(ingresses):
+    routes, canary_weight, total = [], 0, 100
+    mine = canary_ingress_name(rollout or stable_ingress, stable_ingress)
+    for name in sorted(ingresses, key=lambda n: (n != mine, n)):
         if name == stable_ingress:
             continue
         o = ingresses[name]
@@ -109,12 +111,11 @@ def route_table(ingresses: dict[str, dict], services: dict[str, dict], stable_in
         hosts = {r.get("host") or "" for r in spec.get("rules") or [] if isinstance(r, dict)}
         if share is None or not hosts & st_hosts or not _backends(spec):
             continue
-        w, total = share
-        canary_weight = round(100 * w / total)
+        canary_weight, total = share
         svc = _backends(spec)[0]
         routes.append(Route(svc, None, canary_weight, service_labels(services, svc)))
         break
-    routes.insert(0, Route(backends[0], None, 100 - canary_weight, service_labels(services, backends[0])))
+    routes.insert(0, Route(backends[0], None, total - canary_weight, service_labels(services, backends[0])))
     return routes
 
 
@@ -181,10 +182,9 @@ class Nginx(TrafficRouter):
         for name in rollout.get("canaryIngresses") or []:
             ing = routes.get(name)
             share = canary_share(ing.get("annotations") or {}, prefix) if ing else None
-            if share is not None:
+            if share is not None:       # as written, as Istio's are (a total other than 100: maxTrafficWeight)
                 w, total = share
-                c = round(100 * w / total)
-                return c, 100 - c
+                return w, total - w
         if any(routes.get(s) for s in rollout.get("stableIngresses") or []):
             return 0, 100        # no canary Ingress (yet, or any more): the stable one has it all
         return None, None
