@@ -17,8 +17,9 @@ from contextlib import nullcontext
 
 from . import config
 from .cluster.external_metrics import ExternalMetrics, cluster_cert
-from .wait import until
+from .wait import WaitTimeout, until
 
+STATUS_WAIT_S = 30.0           # after the scale: the HPA controller's status write that records it
 SYNC_WAIT_S = 90.0             # the HPA controller syncs every 15 s (kube-controller-manager's default): six rounds
 
 
@@ -78,11 +79,18 @@ class HPAScaleOut:
         self.metrics.set(self.ns, self.metric, self.maximum)
 
     def wait_scaled(self, rollouts) -> dict:
-        """Until the HPA controller has written the Rollout's replicas (the maximum); the HPA as it then was."""
+        """Until the HPA controller has written the Rollout's replicas (the maximum), then its own status saying so
+        (it writes the scale first, its status after: ``lastScaleTime``); the HPA as it then was (without that
+        status when it did not come within STATUS_WAIT_S: the caller shows what is missing)."""
         until(f"the HPA controller to scale {self.ns}/{self.name} to {self.maximum}", lambda: rollouts.get(self.name),
               lambda ro: (ro.get("spec") or {}).get("replicas") == self.maximum, SYNC_WAIT_S, interval=0.2,
               describe=lambda ro: f"spec.replicas {(ro.get('spec') or {}).get('replicas')}")
-        return self.get()
+        try:
+            return until(f"the HPA {self.ns}/{self.name} to record its scale to {self.maximum} (lastScaleTime)",
+                         self.get, lambda h: bool((h.get("status") or {}).get("lastScaleTime")) and
+                         (h.get("status") or {}).get("desiredReplicas") == self.maximum, STATUS_WAIT_S, interval=0.2)
+        except WaitTimeout:
+            return self.get()
 
     def stop(self) -> None:
         if self.created:
