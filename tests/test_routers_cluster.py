@@ -1,6 +1,6 @@
 """nginx on the real controller: the scan's prediction for nginx-routed Rollouts no lane deploys, judged by the
-probe routed by nginx (`drills scan --verify`), on every controller version under test; and the run dimension
-a `drills probe --router nginx` reports."""
+probe routed by nginx (`drills scan --verify`).  On the first controller version under test: lane A runs on nginx
+on every version (tests/test_lanes.py), and these shapes take the rule that lane's BEFORE does."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from drills import config
 from drills.ledger import read_rows
 from drills.timeline import load
@@ -16,6 +18,7 @@ from drills.timeline import load
 HELD_OUT = config.fixtures_dir() / "routers" / "nginx" / "held-out.yaml"
 
 
+@pytest.mark.single_version
 def test_the_scan_predicts_nginx_as_the_real_controller_routes_it(cluster, controller_version, tmp_path):
     env = dict(os.environ, DRILLS_REPORTS=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "drills", "scan", str(HELD_OUT), "--controller", controller_version,
