@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -16,9 +17,50 @@ from pathlib import Path
 
 import yaml
 
-from . import about, commands, config, lanes, legs, probe, routers, runner
+from . import about, config, routers
 from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
 from .signals import Interrupted, SignalGuard
+
+
+# --- the subcommands' bodies (drills.commands) load when one runs: parsing, --help of one command and bad input
+# cost no import of the drill machinery (the Kubernetes client, the lanes)
+class _Command:
+    """``name`` of drills.commands; or ``run`` of a module of its own (``module``), given the progress line."""
+    def __init__(self, name: str, module: str | None = None):
+        self.name, self.module = name, module
+
+    def __call__(self, args):
+        if self.module:
+            return getattr(importlib.import_module(f"drills.{self.module}"), self.name)(args, log=_progress)
+        from . import commands
+        return getattr(commands, self.name)(args)
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def err(msg: str) -> None:
+    print(f"drills: {msg}", file=sys.stderr, flush=True)
+
+
+class _LazyHelp(argparse.HelpFormatter):
+    """Help texts that name the registry's lanes or the machine's default -j: filled in when help is shown."""
+    def _get_help_string(self, action):
+        text = super()._get_help_string(action) or ""
+        if "{lanes}" in text or "{default_lanes}" in text:
+            from . import lanes
+            text = text.replace("{lanes}", ",".join(lanes.REGISTRY)).replace(
+                "{default_lanes}", ",".join(lanes.DEFAULT_LANES))
+        if "{jobs}" in text or "{mem_per_leg}" in text:
+            from . import runner
+            text = text.replace("{jobs}", str(runner.default_jobs())).replace(
+                "{mem_per_leg}", f"{runner.MEM_PER_LEG_GIB:g}")
+        return text
+
+
+class _LazyRawHelp(_LazyHelp, argparse.RawDescriptionHelpFormatter):
+    pass
 
 
 # --- kubectl's habits: -o json|yaml beside --json, --version, --reports-dir anywhere ---------------------------
@@ -61,21 +103,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-j", "--jobs", type=int, default=None,
                    help="components built at a time (default: DRILLS_BUILD_JOBS, else 2 on two cores or more); "
                         "each still downloads its modules before it takes one of the cache's build slots")
-    b.set_defaults(func=commands.cmd_toolchain_build)
+    b.set_defaults(func=_Command("cmd_toolchain_build"))
     ls = tcs.add_parser("list", help="what is built and what is supported")
     ls.add_argument("--json", action="store_true")
     _output(ls)
-    ls.set_defaults(func=commands.cmd_toolchain_list)
+    ls.set_defaults(func=_Command("cmd_toolchain_list"))
 
     rn = sub.add_parser("run", help="the main job: drill legs on embedded clusters into reports/<run-id>, or live mode",
-                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        formatter_class=_LazyRawHelp,
                         description="A run is a list of legs, one per (controller version, lane, variant).")
     rn.add_argument("--controller", default=None, help=f"version(s), comma-separated, or 'all' ({versions}); "
                                                        f"default {config.DEFAULT_CONTROLLER}; in live mode the live "
                                                        f"controller's version (default: its image tag)")
-    rn.add_argument("--lanes", default=None, help=f"{','.join(lanes.REGISTRY)} or all (default "
-                                                  f"{','.join(lanes.DEFAULT_LANES)})")
-    rn.add_argument("--variant", choices=legs.VARIANT_MODES, default=None,
+    rn.add_argument("--lanes", default=None, help="{lanes} or all (default {default_lanes})")
+    rn.add_argument("--variant", choices=config.VARIANT_MODES, default=None,
                     help="lane A fixture: the seed's stage shape (default), the prod-shaped one, or both")
     rn.add_argument("--router", default=None,
                     help=f"traffic router(s) the lanes' Rollouts are routed by: {', '.join(routers.NAMES)}, "
@@ -84,8 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--rollback-via", choices=["gitops", "undo"], default="gitops")
     rn.add_argument("-j", "--jobs", type=int, default=None,
                     help="legs at a time (default: what the machine holds: 3 per core, at most one per "
-                         f"{runner.MEM_PER_LEG_GIB:g} GiB of available memory, at most the number of legs; here "
-                         f"{runner.default_jobs()})")
+                         "{mem_per_leg} GiB of available memory, at most the number of legs; here {jobs})")
     rn.add_argument("--plan", action="store_true", help="print the legs the run would execute and start nothing "
                                                         "(in live mode: what it would do; no connection is opened)")
     rn.add_argument("--json", action="store_true", help="with --plan: JSON")
@@ -118,9 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the application container (default: the only container, the one named like the Rollout "
                            "or its app.kubernetes.io/name label, else the only one that is not a known sidecar)")
     _reports_dir(rn)
-    rn.set_defaults(func=commands.cmd_run)
+    rn.set_defaults(func=_Command("cmd_run"))
 
-    uc = sub.add_parser("upgrade-check", formatter_class=argparse.RawDescriptionHelpFormatter,
+    uc = sub.add_parser("upgrade-check", formatter_class=_LazyRawHelp,
                         help="a go/no-go for a controller upgrade: the same legs on a baseline and a candidate, "
                              "every row classified",
                         description="Runs the same legs on the baseline (--from) and the candidate (--to, or "
@@ -136,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     uc.add_argument("--to-binary", default=None, metavar="PATH", help="the candidate: a rollouts-controller you built")
     uc.add_argument("--source", default=None, help="source tree of --to-binary (its CRDs, its branch lines)")
     uc.add_argument("--crds", default=None, help="CRD folder of --to-binary")
-    uc.add_argument("--lanes", default=None, help=f"{','.join(lanes.REGISTRY)} or all (default all)")
-    uc.add_argument("--variant", choices=legs.VARIANT_MODES, default="stage")
+    uc.add_argument("--lanes", default=None, help="{lanes} or all (default all)")
+    uc.add_argument("--variant", choices=config.VARIANT_MODES, default="stage")
     uc.add_argument("-j", "--jobs", type=int, default=None, help="legs at a time (default as for drills run)")
     uc.add_argument("--runs", nargs="+", default=None, metavar="RUN_DIR",
                     help="classify rows already recorded in these run folders; run nothing")
@@ -145,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     _output(uc)
     _reports_dir(uc)
     uc.add_argument("--keep-cluster", action="store_true", help="leave the embedded clusters up afterwards")
-    uc.set_defaults(func=commands.cmd_upgrade_check)
+    uc.set_defaults(func=_Command("cmd_upgrade_check"))
 
     pr = sub.add_parser("probe", help="one rollback inside rollbackWindow for any step list, on a fresh namespace")
     pr.add_argument("--steps", required=True, help='e.g. "5,pause:10s,100" (pause = indefinite); "none" or "" for '
@@ -163,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--availability-control", choices=["on", "off"], default="on")
     pr.add_argument("--rollback-via", choices=["gitops", "undo"], default="gitops")
     pr.add_argument("--scale-down-delay", type=int, default=5, help="scaleDownDelaySeconds of the probe Rollout")
-    pr.add_argument("--release", choices=list(probe.RELEASES), default=probe.AFTER_WINDOW,
+    pr.add_argument("--release", choices=[config.PROBE_AFTER_WINDOW, config.PROBE_ONE_BY_ONE],
+                    default=config.PROBE_AFTER_WINDOW,
                     help="the revived pods: one at a time until the weight decision is on record, then the rest "
                          "together (after-window, default), or one at a time throughout (one-by-one)")
     pr.add_argument("--rollback-timeout", type=float, default=None,
@@ -181,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true")
     _output(pr)
     _reports_dir(pr)
-    pr.set_defaults(func=commands.cmd_probe)
+    pr.set_defaults(func=_Command("cmd_probe"))
 
     wa = sub.add_parser("watch", help="record a live Rollout (read-only) and print the derived windows")
     wa.add_argument("-n", "--namespace", required=True)
@@ -195,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     wa.add_argument("--audit-log", default=None,
                     help="the apiserver's audit log, to prove the recording complete (found by itself for the "
                          "embedded cluster)")
-    wa.set_defaults(func=commands.cmd_watch)
+    wa.set_defaults(func=_Command("cmd_watch"))
 
     rs = sub.add_parser("restore", help="finish a restore from a drill's journal")
     rs.add_argument("--journal", required=True)
@@ -203,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--release-lease", action="store_true",
                     help="give the Rollout up without restoring it: remove the lease this journal's drill left "
                          "(the way out when a restore refuses)")
-    rs.set_defaults(func=commands.cmd_restore)
+    rs.set_defaults(func=_Command("cmd_restore"))
 
     rd = sub.add_parser("render-diff", help="render an app with two base chart versions and list what changes")
     rd.add_argument("--app", required=True, help="the app (release name or Application name)")
@@ -215,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     rd.add_argument("--fleet", default=None, help="fleet folder (default: fixtures/fleet)")
     rd.add_argument("--apps-dir", default="apps", help="folder of the per-environment app lists, in the fleet")
     rd.add_argument("--charts", default=None, help="base chart source folders (default: fixtures/charts/base)")
-    rd.set_defaults(func=commands.cmd_render_diff)
+    rd.set_defaults(func=_Command("cmd_render_diff"))
 
     rp = sub.add_parser("report", help="merge run folders into reports/matrix.html and reports/matrix.md; print the "
                                        "answer per controller",
@@ -238,12 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the headline per controller and the failing or hazard rows as JSON")
     _output(rp)
     _reports_dir(rp)
-    rp.set_defaults(func=commands.cmd_report)
+    rp.set_defaults(func=_Command("cmd_report"))
 
     ln = sub.add_parser("lanes", help="the registered lanes: key, title, data folder, versions with expectations")
     ln.add_argument("--json", action="store_true")
     _output(ln)
-    ln.set_defaults(func=commands.cmd_lanes)
+    ln.set_defaults(func=_Command("cmd_lanes"))
 
     vr = sub.add_parser("version", help="drills' version, commit, where its data, reports and cache are, and the "
                                         "versions of the Go components it builds")
@@ -310,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--workers", type=int, default=None, help="parallel helm renders and manifest parsers (default: "
                                                               "CPU count)")
     _reports_dir(sc)
-    sc.set_defaults(func=commands.cmd_scan)
+    sc.set_defaults(func=_Command("run", "scan.command"))
 
     al = sub.add_parser("alerts", help="Prometheus alerting rules for the Rollouts it reads: a rollback stuck at the "
                                        "remaining rung, an aborted Rollout",
@@ -340,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "global one)")
     al.add_argument("--ksm-config", default=None, metavar="FILE",
                     help="also write the kube-state-metrics custom-resource-state config the rules need")
-    al.set_defaults(func=commands.cmd_alerts)
+    al.set_defaults(func=_Command("run", "alerts.command"))
 
     cl = sub.add_parser("cluster", help="the embedded default cluster")
     cls = cl.add_subparsers(dest="sub", required=True)
@@ -348,13 +389,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--controller", default=None, help=f"Argo Rollouts version (default {config.DEFAULT_CONTROLLER})")
     up.add_argument("--no-build", action="store_true", help="refuse (exit 2) instead of building missing binaries")
     up.add_argument("--api-port", type=int, default=None, help="kube-apiserver port on 127.0.0.1 (default: a free one)")
-    up.set_defaults(func=commands.cmd_cluster_up)
+    up.set_defaults(func=_Command("cmd_cluster_up"))
     stp = cls.add_parser("status", help="is it up, which controller, where")
     stp.add_argument("--json", action="store_true")
     _output(stp)
-    stp.set_defaults(func=commands.cmd_cluster_status)
+    stp.set_defaults(func=_Command("cmd_cluster_status"))
     dn = cls.add_parser("down", help="stop every process of the cluster")
-    dn.set_defaults(func=commands.cmd_cluster_down)
+    dn.set_defaults(func=_Command("cmd_cluster_down"))
     return p
 
 
@@ -369,16 +410,16 @@ def main(argv: list[str] | None = None) -> int:
         with SignalGuard():     # SIGINT and SIGTERM end every command the same way, whatever it inherited
             return _dispatch(args)
     except BadInput as e:
-        commands.err(str(e))
+        err(str(e))
         return EXIT_BAD_INPUT
     except (KeyboardInterrupt, Interrupted) as e:
         text = str(e)
-        commands.err(text if text.startswith("interrupted") else f"interrupted ({text})" if text else "interrupted")
+        err(text if text.startswith("interrupted") else f"interrupted ({text})" if text else "interrupted")
         return EXIT_INCONCLUSIVE
     except Exception as e:   # a failure nobody anticipated: one line, the traceback on request
         if os.environ.get("DRILLS_DEBUG"):
             raise
-        commands.err(f"{type(e).__name__}: {' '.join(str(e).split())[:400]} (set DRILLS_DEBUG=1 for the traceback)")
+        err(f"{type(e).__name__}: {' '.join(str(e).split())[:400]} (set DRILLS_DEBUG=1 for the traceback)")
         return EXIT_FAIL
 
 

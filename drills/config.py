@@ -30,6 +30,9 @@ DEFAULT_CONTROLLER = "v1.8.2"
 # the Argo API's names, spelled once
 ARGO_GROUP, ARGO_VERSION = "argoproj.io", "v1alpha1"
 ARGO_API_VERSION = f"{ARGO_GROUP}/{ARGO_VERSION}"
+# the command line's vocabulary that modules below it read too (here: the command line reads it without them)
+VARIANT_MODES = ("stage", "prod", "both")                # lane A's fixture per leg: stage, prod or both
+PROBE_AFTER_WINDOW, PROBE_ONE_BY_ONE = "after-window", "one-by-one"   # how a probe releases the revived pods
 HASH_LABEL = "rollouts-pod-template-hash"                # the controller's label on a revision's RS and pods
 REVISION_ANNOTATION = "rollout.argoproj.io/revision"
 # The versions the README's test command exercises.

@@ -29,7 +29,7 @@ from .lanes.base import Runbook
 from .ledger import exit_code
 
 # a leg never measured: rough minutes per lane on the embedded cluster (replaced by measured durations)
-VARIANT_MODES = ("stage", "prod", "both")
+VARIANT_MODES = config.VARIANT_MODES
 
 
 @dataclass(frozen=True)

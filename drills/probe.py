@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from . import timeline
+from . import config, timeline
 from .autoscale import HPAScaleOut
 from .kit import DrillRollout, Observation
 from .rollout import summarize_rollout
@@ -26,7 +26,7 @@ from .shapes import RolloutSpec
 from .steps import steps_text
 from .wait import WaitTimeout, until
 
-AFTER_WINDOW, ONE_BY_ONE = "after-window", "one-by-one"
+AFTER_WINDOW, ONE_BY_ONE = config.PROBE_AFTER_WINDOW, config.PROBE_ONE_BY_ONE
 RELEASES = (AFTER_WINDOW, ONE_BY_ONE)
 # after the weight decision is on record, this many more revived pods turn available one at a time with no
 # weight change before the rest may be released together

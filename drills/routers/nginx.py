@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 
-from kubernetes import client
 
 from .base import Route, Source, TrafficRouter, Watch, esc, service_labels
 
@@ -160,6 +159,7 @@ class Nginx(TrafficRouter):
         return _manifests(spec, namespace, labels, canary)
 
     def create(self, api, namespace, obj):
+        from kubernetes import client        # imported when used: the command line needs none
         client.NetworkingV1Api(api).create_namespaced_ingress(namespace, obj)
 
     def rollout_fields(self, name, canary):
@@ -171,6 +171,7 @@ class Nginx(TrafficRouter):
                 "annotationPrefix": nginx.get("annotationPrefix") or DEFAULT_PREFIX}
 
     def sources(self, api, namespace):
+        from kubernetes import client        # imported when used: the command line needs none
         return [Source(self.route_kind, client.NetworkingV1Api(api).list_namespaced_ingress, (namespace,),
                        condense_ingress)]
 
@@ -190,6 +191,7 @@ class Nginx(TrafficRouter):
         return None, None
 
     def watches(self, namespace, name):
+        from kubernetes import client        # imported when used: the command line needs none
         return [Watch("ingresses", lambda api: (client.NetworkingV1Api(api).list_namespaced_ingress, (namespace,), {})),
                 Watch("services", lambda api: (client.CoreV1Api(api).list_namespaced_service, (namespace,), {}))]
 

@@ -10,28 +10,21 @@ import time
 from pathlib import Path
 
 from .. import config
-from ..cluster import EmbeddedCluster, remains
 from ..errors import combine_exit_codes
 from ..fleet import base_sources
 from ..helm import Helm, HelmError
-from ..kubeconfig import files_of
 from ..outputs import check_distinct, check_output, reports_folder
-from ..lanes.base import LaneContext
-from ..lanes.scan import LaneScan
 from ..ledger import INCONCLUSIVE, Ledger, exit_code, new_run_id
-from ..report import write_matrix, write_run_report
 from ..toolchain import resolve_controller_versions
 from .charts import scan_charts
 from .charts import split as split_charts
 from .autoscalers import join
 from .ci import write_junit, write_sarif
 from .fleet import FleetScan
-from .live import contexts, read_cluster
 from .model import ScanInputError
 from .readers import ReadResult, manifest_paths, read_manifests
 from .records import evaluate, table, to_json, unknown_why, version_order
 from .sources import SourceMapError, facts_for
-from .verify import pick
 
 FAIL_ON = ("exposed", "lint", "none")
 # The default gates: a CI job that runs `drills scan` fails on what it finds (a lint error or a predicted exposure)
@@ -92,6 +85,7 @@ def _check_outputs(args) -> None:
         return
     files = manifest_paths(args.inputs) if args.inputs else []
     if args.kubeconfig or args.context or args.all_contexts:
+        from ..kubeconfig import files_of           # the Kubernetes client: a live scan's only
         files += files_of(args.kubeconfig)
     folders = [i for i in args.inputs if i != "-" and Path(i).is_dir()]
     whole = [d for d in (args.fleet, args.charts, args.source) if d]
@@ -159,6 +153,7 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
         specs = [dataclasses.replace(ro, controller_version=v) for ro in specs for v in versions]
     unreadable = []
     if _live(args):
+        from .live import contexts, read_cluster       # the Kubernetes client: a live scan's only
         inventory = []
         for kc, ctx in contexts(args.kubeconfig, args.context, args.all_contexts):
             # --controller overrides the version the cluster shows
@@ -261,6 +256,12 @@ def _fleet(args, version: str, stats: dict, workers: int) -> ReadResult:
 def verify_run(records: list, k: int, scope: str, log) -> tuple[list[dict], Path, int]:
     """Lane scan on the scanned set: per controller version, the summary rows, then (on the embedded cluster at
     that version) the picked shapes probed.  Returns the comparisons, the run folder and its exit code."""
+    # the drill machinery (the cluster, the lanes, the report), imported by a --verify only
+    from ..cluster import EmbeddedCluster, remains
+    from ..lanes.base import LaneContext
+    from ..lanes.scan import LaneScan
+    from ..report import write_matrix, write_run_report
+    from .verify import pick
     shapes, uncovered, skipped = pick(records, k)
     if uncovered:
         log(f"verify: rules not covered with K={k}: {', '.join(uncovered)}")
