@@ -25,6 +25,8 @@ def test_dispatch_is_by_the_traffic_routing_key_as_the_controller_does():
     assert routers.of_canary({"trafficRouting": {"nginx": {"stableIngress": "x"}}}) is routers.NGINX
     assert routers.of_canary({"trafficRouting": {"istio": {"virtualService": {"name": "x"}}}}) is routers.ISTIO
     assert routers.of_canary({"trafficRouting": {"alb": {}}}) is None
+    assert routers.of_canary({"trafficRouting": {"istio": {}}}) is routers.ISTIO      # a key with no fields: set
+    assert routers.of_canary({"trafficRouting": {"istio": None}}) is None
     assert routers.of_canary({}) is None
     assert routers.of_record({}) is routers.ISTIO          # a timeline from before routers were a dimension
     assert routers.parse_names(None) == ["istio"]

@@ -33,7 +33,7 @@ def of_canary(canary: dict) -> TrafficRouter | None:
     tr = canary.get("trafficRouting") or {}
     if not isinstance(tr, dict):
         return None
-    return next((r for r in ROUTERS.values() if tr.get(r.key)), None)
+    return next((r for r in ROUTERS.values() if tr.get(r.key) is not None), None)     # `istio: {}` is Istio
 
 
 def of_record(rollout: dict) -> TrafficRouter:
