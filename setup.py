@@ -1,7 +1,7 @@
 """The wheel carries the built-in data: the checkout's fixtures/ (the lanes' data, charts, the fixture fleet,
 locustfiles, load thresholds, upgrade directions) and lanes/ (the lanes' pytest files) are copied into the
 package as drills/_data/ when the wheel is built, so the checkout keeps one copy of each file.  An installed
-drills reads them there (drills.config.data_root); a checkout reads its own folders.  The build also records the
+drills reads them there (drills.core.config.data_root); a checkout reads its own folders.  The build also records the
 commit it was built from (drills/_data/build.json), which `drills version` shows outside a checkout."""
 from __future__ import annotations
 

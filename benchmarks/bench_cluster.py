@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from drills import config
+from drills.core import config
 from drills.cluster import EmbeddedCluster
 from drills.cluster.snapshot import SnapshotStore
 from drills.cluster.startup import SENTINEL

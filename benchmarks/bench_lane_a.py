@@ -20,7 +20,7 @@ import time
 
 import yaml
 
-from drills import config
+from drills.core import config
 
 
 def _seconds(d: str) -> float:

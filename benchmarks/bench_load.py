@@ -64,7 +64,8 @@ def sequential(port: int, n: int) -> list[float]:
 def main() -> int:
     from kubernetes import client, config as kconfig
 
-    from drills import config, load, mesh, mesh_server
+    from drills.core import config
+    from drills.traffic import load, mesh, mesh_server
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--kubeconfig", default=str(config.clusters_dir() / config.EMBEDDED_CLUSTER_NAME / "kubeconfig"))

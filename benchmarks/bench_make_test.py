@@ -24,7 +24,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-from drills import config
+from drills.core import config
 
 ROOT = config.project_root()
 

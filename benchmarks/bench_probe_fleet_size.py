@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from drills import config
+from drills.core import config
 from drills.cluster import EmbeddedCluster
 
 CLUSTER = "bench-fleet-size"

@@ -6,7 +6,7 @@
 Each Rollout (steps [setWeight 50, pause {}], 2 replicas) is deployed again and again; as soon as a watch
 shows it Paused at step 1, the plain promote the plugin sends (``{"status":{"pauseConditions":null}}``,
 under the resourceVersion read) goes out at once, and the script waits ``--act-within`` seconds for the
-controller to take it (``drills.rollout.promote_taken``).  A promote not taken is printed with what etcd
+controller to take it (``drills.kube.rollout.promote_taken``).  A promote not taken is printed with what etcd
 holds, the resourceVersion of the promote's response, and the resourceVersions the controller reconciled
 from afterwards (its log: "Started syncing rollout ... resourceVersion=N"): a controller whose informer
 cache went back to an object older than the promote keeps reconciling that older resourceVersion.  The
@@ -23,11 +23,11 @@ from pathlib import Path
 
 from kubernetes import client
 
-from drills import config
-from drills.safety import NAMESPACE_LABEL_VALUE
+from drills.core import config
+from drills.drill.safety import NAMESPACE_LABEL_VALUE
 from drills.cluster import EmbeddedCluster
-from drills.probe import ProbeSpec, install
-from drills.rollout import Predicate, WaitTimeout, healthy, paused, promote_taken, summarize_rollout
+from drills.drill.probe import ProbeSpec, install
+from drills.kube.rollout import Predicate, WaitTimeout, healthy, paused, promote_taken, summarize_rollout
 
 STEPS = [{"setWeight": 50}, {"pause": {}}]
 _LINE_RE = re.compile(r'msg="Started syncing rollout".*?resourceVersion=(\d+).*?rollout=(\S+)')

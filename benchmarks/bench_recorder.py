@@ -15,7 +15,7 @@ import uuid
 
 from kubernetes import client
 
-from drills import recorder
+from drills.record import recorder
 from drills.cluster import EmbeddedCluster
 from drills.cluster.namespaces import drop_namespace, make_namespace
 

@@ -22,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from drills import config, lanes
-from drills.ledger import HOLDS, PASS, Ledger
+from drills.core import config
+from drills import lanes
+from drills.record.ledger import HOLDS, PASS, Ledger
 
 ASSERTIONS_PER_STEP = 10
 

@@ -114,8 +114,8 @@ def build_fleet(dest: Path, seed: int = 2026) -> dict:
 def build_manifests(fleet: Path, dest: Path, n: int) -> int:
     """`n` Rollouts as pre-rendered manifests: helm renders of a few apps, copied under new names."""
     sys.path.insert(0, str(ROOT))
-    from drills.helm import Helm
-    from drills.fleet import Fleet, Workspace
+    from drills.charts.helm import Helm
+    from drills.charts.fleet import Fleet, Workspace
     docs = []
     with Helm() as helm, tempfile.TemporaryDirectory() as tmp:
         ws = Workspace(Fleet(fleet), Path(tmp) / "w", helm)

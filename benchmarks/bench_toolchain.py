@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from drills import config
+from drills.core import config
 from drills.toolchain import components_for
 
 ROOT = config.project_root()

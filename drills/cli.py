@@ -1,7 +1,7 @@
 """The `drills` command: every subcommand's arguments, and every error mapped to an exit code.
 
 Exit codes of every drill command: 0 all pass, 1 a fail, 2 bad input or a refused target (nothing mutated),
-3 inconclusive (drills.errors).  What each subcommand does is drills.commands.  Nothing in the package imports
+3 inconclusive (drills.core.errors).  What each subcommand does is drills.commands.main.  Nothing in the package imports
 this module.
 """
 from __future__ import annotations
@@ -17,22 +17,23 @@ from pathlib import Path
 
 import yaml
 
-from . import about, config, routers
-from .errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
-from .signals import Interrupted, SignalGuard
+from .core import about, config
+from . import routers
+from .core.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
+from .core.signals import Interrupted, SignalGuard
 
 
-# --- the subcommands' bodies (drills.commands) load when one runs: parsing, --help of one command and bad input
+# --- the subcommands' bodies (drills.commands.main) load when one runs: parsing, --help of one command and bad input
 # cost no import of the drill machinery (the Kubernetes client, the lanes)
 class _Command:
-    """``name`` of drills.commands; or ``run`` of a module of its own (``module``), given the progress line."""
+    """``name`` of drills.commands.main; or ``run`` of a module of its own (``module``), given the progress line."""
     def __init__(self, name: str, module: str | None = None):
         self.name, self.module = name, module
 
     def __call__(self, args):
         if self.module:
             return getattr(importlib.import_module(f"drills.{self.module}"), self.name)(args, log=_progress)
-        from . import commands
+        from .commands import main as commands
         return getattr(commands, self.name)(args)
 
 
@@ -53,7 +54,7 @@ class _LazyHelp(argparse.HelpFormatter):
             text = text.replace("{lanes}", ",".join(lanes.REGISTRY)).replace(
                 "{default_lanes}", ",".join(lanes.DEFAULT_LANES))
         if "{jobs}" in text or "{mem_per_leg}" in text:
-            from . import runner
+            from .run import runner
             text = text.replace("{jobs}", str(runner.default_jobs())).replace(
                 "{mem_per_leg}", f"{runner.MEM_PER_LEG_GIB:g}")
         return text
@@ -351,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--workers", type=int, default=None, help="parallel helm renders and manifest parsers (default: "
                                                               "CPU count)")
     _reports_dir(sc)
-    sc.set_defaults(func=_Command("run", "scan.command"))
+    sc.set_defaults(func=_Command("run", "commands.scan"))
 
     al = sub.add_parser("alerts", help="Prometheus alerting rules for the Rollouts it reads: a rollback stuck at the "
                                        "remaining rung, an aborted Rollout",

@@ -7,7 +7,7 @@ runs other projects' pytest sessions without its options, fixtures or start-up t
   the test run covers); a test marked ``drills_single_version`` runs on the first of them only.
 - ``drills_cluster``: a ready embedded cluster at that version (reusing one already up at that version;
   another version replaces it: a fresh cluster, never a controller swapped under a running one).
-- ``drills_kube``: an API client of that cluster (drills.kube.new_client).
+- ``drills_kube``: an API client of that cluster (drills.kube.api.new_client).
 - ``drills_namespace`` (per test) / ``drills_module_namespace`` (per module, for runbook lanes): a fresh namespace
   with the opt-in label, deleted afterwards together with its availability holds.
 - ``drills_ledger``: rows for this run and controller version, in ``--drills-run-dir`` (default: a folder
@@ -23,15 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from . import config as settings
+from .core import config as settings
 from . import routers
 from .cluster import EmbeddedCluster
 from .cluster.namespaces import drop_namespace, make_namespace, namespace_name
-from .controller_binary import inspect_binary
+from .drill.controller_binary import inspect_binary
 from .lanes import LaneContext
 from .lanes import get as lane_class
-from .ledger import Ledger, new_run_id
-from .names import plain_name
+from .record.ledger import Ledger, new_run_id
+from .core.names import plain_name
 from .toolchain import resolve_controller_versions
 
 

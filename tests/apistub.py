@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from drills import config
+from drills.core import config
 
 NAMESPACE_OPT_IN = {config.NAMESPACE_OPT_IN_LABEL: "true"}
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drills import config as settings
-from drills.kit import DrillRollout
-from drills.procs import die_with_parent
-from drills.shapes import RolloutSpec
+from drills.core import config as settings
+from drills.drill.kit import DrillRollout
+from drills.core.procs import die_with_parent
+from drills.drill.shapes import RolloutSpec
 from drills.toolchain import Toolchain, components_for, resolve_controller_versions
-from drills.wait import WaitTimeout, until
+from drills.core.wait import WaitTimeout, until
 
 # --- a cold cache: the session builds its whole toolchain in the background from its first second ------------------
 # in the order the tests need it (etcd beside Kubernetes, kwok, the first controller, helm, then the second
@@ -263,7 +263,7 @@ def _controller_log_for(cluster, namespace: str, lines: int = 40) -> str:
 def _restart_controller(cluster) -> None:
     """The worker's rollouts controller killed and started again with its own command line, environment and log;
     returns once the new one reconciles the cluster's sentinel Rollout."""
-    from drills.procs import pid_alive
+    from drills.core.procs import pid_alive
     entry = next(p for p in cluster.state()["processes"] if p["name"] == "rollouts-controller")
     pid = entry["pid"]
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
@@ -304,7 +304,7 @@ AUDIT_FLUSH_S = 1.0     # evidence window: the apiserver's audit log has written
 @pytest.fixture
 def audit_mutations(cluster):
     """mutations(namespace, since) -> the mutating requests of the Python client in the namespace since then."""
-    from drills.wait import hold_for
+    from drills.core.wait import hold_for
 
     def mutations(namespace: str, since: float) -> list[dict]:
         hold_for(AUDIT_FLUSH_S, "the audit log catching up")
@@ -343,7 +343,7 @@ CLUSTER_FIXTURES = ("cluster", "drills_cluster")     # every fixture that needs 
 TOOLCHAIN_MARKS = ("Toolchain(", "EmbeddedCluster(", "components_for(", "ensure_binary(", '"probe"', '"up"')
 # a file that renders charts (fleet scans, chart folders, render-diff) runs helm: its tests wait for helm's build
 # in-process first (drills.toolchain's lock, said in the log), never inside a command's subprocess timeout
-HELM_MARKS = ('"--fleet"', "Chart.yaml", '"render-diff"', "helm_binary(", "drills.helm", "from drills import helm")
+HELM_MARKS = ('"--fleet"', "Chart.yaml", '"render-diff"', "helm_binary(", "drills.charts.helm", "from drills import helm")
 _HELM_READY: list[bool] = []
 
 

@@ -6,10 +6,10 @@ import subprocess
 
 import pytest
 
-from drills.rollout import Predicate, Rollouts, aborted, healthy, paused
-from drills.shapes import RolloutSpec, install
+from drills.kube.rollout import Predicate, Rollouts, aborted, healthy, paused
+from drills.drill.shapes import RolloutSpec, install
 from drills.toolchain import Toolchain
-from drills.wait import WaitTimeout, hold_for, until
+from drills.core.wait import WaitTimeout, hold_for, until
 
 
 def _state(ro: dict) -> dict:

@@ -13,14 +13,14 @@ import sys
 import pytest
 import yaml
 
-from drills import config
+from drills.core import config
 from drills.alerts import metrics, promtool
 from drills.alerts.ramp import RampParams, expected_ramp
 from drills.alerts.rules import ABORTED, BLIND, STUCK, rules_document
 from drills.cli import main
-from drills.kit import DrillRollout
+from drills.drill.kit import DrillRollout
 from drills.scan.readers import read_manifests
-from drills.wait import until
+from drills.core.wait import until
 
 FIXTURES = config.fixtures_dir() / "alerts"
 ROLLOUTS = FIXTURES / "rollouts.yaml"
@@ -226,8 +226,8 @@ def test_the_real_kube_state_metrics_exports_what_the_rules_read(kube, cluster, 
     from kubernetes import client
 
     from drills.alerts.ksm import KubeStateMetrics
-    from drills.rollout import degraded
-    from drills.shapes import RolloutSpec, manifests
+    from drills.kube.rollout import degraded
+    from drills.drill.shapes import RolloutSpec, manifests
     spec = RolloutSpec(steps=[{"setWeight": 5}, {"pause": {"duration": "2s"}}], name="checkout",
                        image_v1="registry.local/checkout:v1", image_v2="registry.local/checkout:v2")
     d = DrillRollout(kube, namespace, spec, tmp_path / "drill", controller_version=controller_version)
@@ -261,7 +261,7 @@ def test_the_real_kube_state_metrics_exports_what_the_rules_read(kube, cluster, 
 
 
 def test_prometheus_loads_the_rules_and_honours_the_targets_labels(tmp_path):
-    from drills.prometheus import scrape_config
+    from drills.traffic.prometheus import scrape_config
     conf = scrape_config({"argo-rollouts": "127.0.0.1:8090"}, 1.0, rule_files=[tmp_path / "rules.yaml"],
                          honor_labels=True)
     assert conf["rule_files"] == [str(tmp_path / "rules.yaml")]

@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from drills import answer, config, console, load
-from drills.controller_binary import inspect_binary
-from drills.ledger import FAIL, HAZARD, HOLDS, NEUTRAL, PASS, UNVERIFIED, Ledger, read_rows
-from drills.report import write_matrix, write_run_report
-from drills.upgrade import classify, exit_code
+from drills.record import answer
+from drills.core import config
+from drills.reporting import console
+from drills.traffic import load
+from drills.drill.controller_binary import inspect_binary
+from drills.record.ledger import FAIL, HAZARD, HOLDS, NEUTRAL, PASS, UNVERIFIED, Ledger, read_rows
+from drills.reporting.report import write_matrix, write_run_report
+from drills.reporting.upgrade import classify, exit_code
 
 from test_upgrade import _one_run_folder, ledger_of, record_lane_a, release
 
@@ -194,7 +197,7 @@ def test_a_user_built_controller_is_named_by_its_version_and_commit_never_a_rele
     head = _commit_tree(tree)
     assert inspect_binary(binary, crds=crds, source=tree).name == f"v1.2.0+{head}"
     # the leg ids and the cluster name of an upgrade-check follow that name
-    from drills import legs, runner
+    from drills.run import legs, runner
     (leg,) = legs.plan(["v1.7.2"], ["a"], label=f"v1.2.0+{head}")
     assert leg.id == f"v1.2.0+{head}/a/stage" and "v1-7-2" not in runner.cluster_name(leg.label, 2)
 
@@ -227,9 +230,9 @@ def test_a_user_built_controller_that_reports_its_commit_is_named_by_it_when_no_
 
 @pytest.mark.single_version
 def test_a_live_drill_records_the_api_servers_kubernetes_version(kube, tmp_path):
-    from drills.kube import new_client
-    from drills.live import server_version
-    from drills.procs import free_port
+    from drills.kube.api import new_client
+    from drills.run.live import server_version
+    from drills.core.procs import free_port
     assert server_version(kube) == config.KUBERNETES_VERSION        # the embedded cluster's, as a live one says it
     kc = tmp_path / "kubeconfig"
     kc.write_text(f"apiVersion: v1\nkind: Config\ncurrent-context: gone\nclusters: [{{name: c, cluster: {{server: "

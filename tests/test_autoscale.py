@@ -1,6 +1,6 @@
 """The external metrics API a drill serves on loopback (drills.cluster.external_metrics), read through the real
 kube-apiserver's aggregator, one registration per cluster, removed when it stops; and the HPA the scale-out uses
-(drills.autoscale), acted on by the cluster's real HPA controller.  The scale-out during a rollback itself is lane
+(drills.drill.autoscale), acted on by the cluster's real HPA controller.  The scale-out during a rollback itself is lane
 order's step (lanes/order)."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from drills.autoscale import HPAScaleOut, external_metrics_for, hpa_manifest, metric_name
+from drills.drill.autoscale import HPAScaleOut, external_metrics_for, hpa_manifest, metric_name
 from drills.cluster.external_metrics import API_SERVICE, GROUP, VERSION, ExternalMetricsError
-from drills.kit import DrillRollout
-from drills.shapes import RolloutSpec
+from drills.drill.kit import DrillRollout
+from drills.drill.shapes import RolloutSpec
 
 
 def _raw(kube, path: str) -> dict:

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from drills.errors import Refused
-from drills.safety import Journal, allowed_contexts, check_context
+from drills.core.errors import Refused
+from drills.drill.safety import Journal, allowed_contexts, check_context
 
 
 def _one_line_error(r) -> str:
@@ -190,7 +190,7 @@ def test_restored_journal_is_not_replayed(tmp_path, drills_cmd, status_server_fa
 
 
 def test_one_bad_ledger_does_not_break_every_report(tmp_path):
-    from drills.report import write_matrix
+    from drills.reporting.report import write_matrix
     good = tmp_path / "reports" / "run-good"
     bad = tmp_path / "reports" / "run-bad"
     good.mkdir(parents=True)

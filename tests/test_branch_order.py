@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from drills import branches, config
+from drills.drill import branches
+from drills.core import config
 from drills.lanes.base import USER_BUILT, load_expectations
-from drills.ledger import read_rows
+from drills.record.ledger import read_rows
 from drills.toolchain import Toolchain
 from drills.toolchain.build import sha256_file
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drills import __version__, config
+from drills import __version__
+from drills.core import config
 from drills.cli import build_parser
-from drills.procs import die_with_parent
+from drills.core.procs import die_with_parent
 
 ROOT = config.project_root()
 

@@ -10,12 +10,12 @@ import sys
 import pytest
 from kubernetes import client
 
-from drills import config
+from drills.core import config
 from drills.cluster import Availability, pid_alive
 from drills.cluster.embedded import listening_ports_of
-from drills.rollout import HASH_LABEL, Predicate, healthy, paused
-from drills.shapes import RolloutSpec, install
-from drills.wait import hold_for, until
+from drills.kube.rollout import HASH_LABEL, Predicate, healthy, paused
+from drills.drill.shapes import RolloutSpec, install
+from drills.core.wait import hold_for, until
 
 HELD_WINDOW_S = 4.0        # evidence window: well past the default release delay (1 s), a held pod stays un-Ready
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 
-from drills import config
+from drills.core import config
 from drills.cluster import EmbeddedCluster
 
 WRITER = """

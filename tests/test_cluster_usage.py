@@ -12,11 +12,11 @@ import time
 import pytest
 from kubernetes import client
 
-from drills import config
+from drills.core import config
 from drills.cluster import EmbeddedCluster
 from drills.cluster.namespaces import make_namespace
-from drills.safety import LEASE_ANNOTATION
-from drills.wait import until
+from drills.drill.safety import LEASE_ANNOTATION
+from drills.core.wait import until
 
 pytestmark = pytest.mark.single_version
 FIRST, OTHER = config.TEST_CONTROLLERS[0], config.TEST_CONTROLLERS[-1]

@@ -11,8 +11,8 @@ from importlib.machinery import SourceFileLoader
 
 import yaml
 
-from drills import config
-from drills.procs import die_with_parent
+from drills.core import config
+from drills.core.procs import die_with_parent
 from drills.toolchain import Toolchain, components_for
 from drills.toolchain.components import rollouts_component
 

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drills import config, evidence, legs, runner, upgrade
-from drills.errors import BadInput
-from drills.ledger import FAIL, HOLDS, INCONCLUSIVE, PASS, Ledger, read_rows
+from drills.core import config
+from drills.record import evidence
+from drills.run import legs, runner
+from drills.reporting import upgrade
+from drills.core.errors import BadInput
+from drills.record.ledger import FAIL, HOLDS, INCONCLUSIVE, PASS, Ledger, read_rows
 
 PLAN = ["v1.8.2/a/stage", "v1.8.2/b/stage"]
 
@@ -102,7 +105,7 @@ def test_a_pass_without_its_evidence_is_inconclusive_never_pass(tmp_path):
 
 
 def test_the_run_report_shows_a_pass_whose_evidence_is_missing_as_inconclusive(tmp_path):
-    from drills.report import write_run_report
+    from drills.reporting.report import write_run_report
     run = run_folder(tmp_path / "run1", [{"id": "v1.8.2/a/stage"}], with_evidence=False)
     md = write_run_report(run)[1].read_text()
     assert "evidence missing: " in md and "inconclusive 2" in md, md
@@ -289,7 +292,7 @@ def test_two_legs_of_lane_b_in_one_run_keep_their_own_evidence(tmp_path):
 
 
 def test_a_duplicated_newer_pass_row_never_hides_a_fail_in_the_matrix_or_the_report(tmp_path):
-    from drills.report import write_matrix
+    from drills.reporting.report import write_matrix
     reports = tmp_path / "reports"
     run = run_folder(reports / "run1", [{"id": "v1.8.2/a/stage"}], rows_per_leg=1,
                      verdicts={("v1.8.2/a/stage", 0): FAIL})

@@ -17,13 +17,14 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from drills import config, legs
-from drills.errors import BadInput
-from drills.fleet import Fleet, load_values_file
-from drills.kube import resolve_kubeconfig
-from drills.ledger import read_rows
-from drills.safety import Journal, allowed_contexts
-from drills.steps import parse_steps
+from drills.core import config
+from drills.run import legs
+from drills.core.errors import BadInput
+from drills.charts.fleet import Fleet, load_values_file
+from drills.kube.api import resolve_kubeconfig
+from drills.record.ledger import read_rows
+from drills.drill.safety import Journal, allowed_contexts
+from drills.core.steps import parse_steps
 from drills.toolchain import resolve_controller_versions
 
 LONG = os.environ.get("DRILLS_FUZZ") == "long"
@@ -175,7 +176,7 @@ DURATION_CHARS = string.digits + ".msh " + "０１²½-+eE\t\n\x00"
 
 @given(st.one_of(st.text(alphabet=DURATION_CHARS, max_size=24), st.text(max_size=24)))
 def test_duration_parses_or_names_the_bad_text(text):
-    from drills.commands import _duration
+    from drills.commands.main import _duration
     try:
         seconds = _duration(text)
     except BadInput as e:

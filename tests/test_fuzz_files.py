@@ -20,12 +20,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from drills import config, kube
+from drills.core import config
+from drills.kube import api as kube
 from drills.cluster import ClusterStateError, EmbeddedCluster
-from drills.errors import BadInput
-from drills.names import BadName, is_plain_name
-from drills.procs import boot_id, start_time
-from drills.safety import Journal, restore_journal
+from drills.core.errors import BadInput
+from drills.core.names import BadName, is_plain_name
+from drills.core.procs import boot_id, start_time
+from drills.drill.safety import Journal, restore_journal
 
 LONG = os.environ.get("DRILLS_FUZZ") == "long"
 EXAMPLES = 10_000 if LONG else 300

@@ -22,8 +22,10 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from drills import cli, inputs, runner
-from drills.errors import BadInput
+from drills import cli
+from drills.core import inputs
+from drills.run import runner
+from drills.core.errors import BadInput
 
 LONG = os.environ.get("DRILLS_FUZZ") == "long"
 EXAMPLES = int(os.environ.get("DRILLS_FUZZ_EXAMPLES") or (10_000 if LONG else 40))

@@ -11,13 +11,13 @@ import urllib.request
 import pytest
 import yaml
 
-from drills import config
+from drills.core import config
 from drills.cli import build_parser
-from drills.errors import BadInput
-from drills.fleet import Fleet, Workspace, base_sources, normalise, render_app
-from drills.helm import ChartInputError, Helm, Registry, helm_binary, publish
+from drills.core.errors import BadInput
+from drills.charts.fleet import Fleet, Workspace, base_sources, normalise, render_app
+from drills.charts.helm import ChartInputError, Helm, Registry, helm_binary, publish
 from drills.lanes.b_checks import check_equivalence
-from drills.renderdiff import diff_objects, render_diff
+from drills.charts.renderdiff import diff_objects, render_diff
 
 PINNED, CANDIDATE = "3.0.13", "3.0.14-rc.0"
 

@@ -1,5 +1,5 @@
 """Hostile input: every YAML and JSON reader of user input holds to one size, depth and alias budget
-(drills.inputs), so a billion-laughs document, a 20,000-deep mapping or an oversized file ends with exit 2 and one
+(drills.core.inputs), so a billion-laughs document, a 20,000-deep mapping or an oversized file ends with exit 2 and one
 line naming the file (and the line), in bounded memory, with nothing written (no cluster needed)."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drills import inputs
-from drills.errors import BadInput
+from drills.core import inputs
+from drills.core.errors import BadInput
 from drills.scan.yamlstream import objects
 
 ROOT = Path(__file__).resolve().parent.parent

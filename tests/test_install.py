@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from drills import config
+from drills.core import config
 from drills import lanes as drills_lanes
-from drills.procs import die_with_parent
+from drills.core.procs import die_with_parent
 from drills.toolchain import Toolchain, components_for
 
 ROOT = config.project_root()

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from apistub import StubAPI, kubeconfig_for, namespace, rollout_path
-from drills.procs import pid_alive
-from drills.safety import Journal
-from drills.wait import until
+from drills.core.procs import pid_alive
+from drills.drill.safety import Journal
+from drills.core.wait import until
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLLOUT = """apiVersion: argoproj.io/v1alpha1

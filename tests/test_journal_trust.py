@@ -9,9 +9,9 @@ import stat
 
 import pytest
 
-from drills import config
-from drills.journal_file import digest_of
-from drills.safety import Journal, JournalError, lease_value, parse_lease
+from drills.core import config
+from drills.core.journal_file import digest_of
+from drills.drill.safety import Journal, JournalError, lease_value, parse_lease
 
 
 def _ro(image="a:v2", name="svc"):

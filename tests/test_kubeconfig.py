@@ -1,4 +1,4 @@
-"""Kubeconfigs handled as kubectl handles them (drills.kubeconfig): exec credential plugins under the request
+"""Kubeconfigs handled as kubectl handles them (drills.kube.kubeconfig): exec credential plugins under the request
 timeout and dying with the command, a failing plugin an error before any request, proxy-url honoured, an unset
 current-context and a context whose user is missing refused, KUBECONFIG lists merged with the first file winning.
 Small servers on 127.0.0.1 stand in for API servers and a proxy; the proxy test also runs through the real
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drills import kubeconfig
-from drills.errors import BadInput
-from drills.procs import pid_alive
-from drills.wait import until
+from drills.kube import kubeconfig
+from drills.core.errors import BadInput
+from drills.core.procs import pid_alive
+from drills.core.wait import until
 
 ROOT = Path(__file__).resolve().parent.parent
 EXEC_API = "client.authentication.k8s.io/v1beta1"

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from drills import config, lanes
-from drills.ledger import PASS, describe_row, read_rows
+from drills.core import config
+from drills import lanes
+from drills.record.ledger import PASS, describe_row, read_rows
 
 
 def _drills(*args, env=None, log: Path | None = None) -> tuple[int, str]:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from drills import config, lanes
+from drills.core import config
+from drills import lanes
 
 PKG = config.project_root() / "drills"
 MAX_LINES = 500
@@ -100,6 +101,50 @@ def test_no_import_circle_in_the_package():
 def test_the_circle_check_sees_a_circle():
     assert cycles({"drills.a": {"drills.b"}, "drills.b": {"drills.c"}, "drills.c": {"drills.a"}}) == [
         ["drills.a", "drills.b", "drills.c"]]
+
+
+TOP_LEVEL = {"drills", "drills.__main__", "drills.cli", "drills.pytest_plugin"}
+
+
+def folder_layers(text: str | None = None) -> dict[str, int]:
+    """CONTRIBUTING.md's table: folder -> layer."""
+    text = text if text is not None else (config.project_root() / "CONTRIBUTING.md").read_text()
+    rows = re.findall(r"^\| (\d+) \| `(\w+)/` \|", text, re.M)
+    return {folder: int(layer) for layer, folder in rows}
+
+
+def upward_imports(g: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Imports from a module's folder into a folder of a higher layer (or from a folder into the top level)."""
+    def where(m: str) -> str | None:
+        parts = m.split(".")
+        return parts[1] if len(parts) > 1 and parts[1] in layers else None
+    out = []
+    for m, deps in g.items():
+        a = where(m)
+        for d in deps:
+            b = where(d)
+            if a is None or b == a or d == "drills":      # the top level may import any folder; `drills`: __version__
+                continue
+            if b is None or layers[b] > layers[a]:
+                out.append(f"{m} ({a}, layer {layers[a]}) imports {d} ({b or 'the top level'}"
+                           f"{'' if b is None else f', layer {layers[b]}'})")
+    return sorted(out)
+
+
+def test_the_folders_are_the_layers_and_imports_point_down():
+    layers = folder_layers()
+    folders = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert set(layers) == folders, "CONTRIBUTING.md's layer table and drills/'s folders differ"
+    top = {module_name(p) for p in PKG.glob("*.py")}
+    assert top == TOP_LEVEL, f"only {sorted(TOP_LEVEL)} at the top level: {sorted(top - TOP_LEVEL)}"
+    assert upward_imports(graph(), layers) == []
+
+
+def test_the_layer_check_sees_an_import_up():
+    layers = folder_layers("| 0 | `core/` | x |\n| 4 | `drill/` | y |\n")
+    assert layers == {"core": 0, "drill": 4}
+    g = {"drills.core.wait": {"drills.drill.kit"}, "drills.drill.kit": {"drills.core.wait"}, "drills.cli": {"drills.drill.kit"}}
+    assert upward_imports(g, layers) == ["drills.core.wait (core, layer 0) imports drills.drill.kit (drill, layer 4)"]
 
 
 def test_modules_are_small():
@@ -207,7 +252,7 @@ def subprocess_offences(source: str, name: str) -> list[str]:
                           else aliases.get(f.id) if isinstance(f, ast.Name) else None)
                 missing = []
                 if target in NEVER:
-                    missing = [f"{'.'.join(target)} (use drills.procs.run_bounded)"]
+                    missing = [f"{'.'.join(target)} (use drills.core.procs.run_bounded)"]
                 elif target and target[0] == "subprocess" and target[1] in RUNS | {"Popen"}:
                     if any(k.arg is None for k in child.keywords):
                         missing.append("keywords passed as **kwargs (cannot be checked)")
@@ -225,8 +270,8 @@ def subprocess_offences(source: str, name: str) -> list[str]:
 
 def test_every_subprocess_has_a_timeout_and_dies_with_drills():
     hits = [h for p in sorted(PKG.rglob("*.py")) for h in subprocess_offences(p.read_text(), str(p.relative_to(PKG)))]
-    assert hits == [], "every child gets a timeout and preexec_fn=drills.procs.die_with_parent (or runs through " \
-        "drills.procs.run_bounded), or is listed in SUBPROCESS_EXEMPT with its reason:\n" + "\n".join(hits)
+    assert hits == [], "every child gets a timeout and preexec_fn=drills.core.procs.die_with_parent (or runs through " \
+        "drills.core.procs.run_bounded), or is listed in SUBPROCESS_EXEMPT with its reason:\n" + "\n".join(hits)
 
 
 def test_every_exemption_names_a_function_that_starts_a_process():
@@ -238,7 +283,7 @@ def test_every_exemption_names_a_function_that_starts_a_process():
 
 
 def test_the_subprocess_check_sees_what_is_missing():
-    src = ("import subprocess, os\nfrom subprocess import Popen as P\nfrom drills.procs import die_with_parent\n"
+    src = ("import subprocess, os\nfrom subprocess import Popen as P\nfrom drills.core.procs import die_with_parent\n"
            "def a():\n    subprocess.run(['x'], capture_output=True)\n"
            "def b():\n    subprocess.run(['x'], timeout=None, preexec_fn=die_with_parent)\n"
            "def c():\n    P(['x'])\n"

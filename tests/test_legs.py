@@ -8,9 +8,11 @@ import sys
 
 import pytest
 
-from drills import config, lanes, legs, runner
-from drills.errors import BadInput
-from drills.ledger import Ledger, read_rows
+from drills.core import config
+from drills import lanes
+from drills.run import legs, runner
+from drills.core.errors import BadInput
+from drills.record.ledger import Ledger, read_rows
 
 
 def drills(*args, env=None):

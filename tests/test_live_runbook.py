@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
-from drills import safety
-from drills.podtemplate import container_images
-from drills.rollout import Rollouts, healthy_at
-from drills.wait import until
+from drills.drill import safety
+from drills.core.podtemplate import container_images
+from drills.kube.rollout import Rollouts, healthy_at
+from drills.core.wait import until
 
 pytestmark = pytest.mark.single_version
 

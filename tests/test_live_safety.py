@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
-from drills import safety, timeline
-from drills.errors import Refused
-from drills.live import check_shape
-from drills.podtemplate import container_images
-from drills.rollout import Rollouts, healthy_at
+from drills.drill import safety
+from drills.record import timeline
+from drills.core.errors import Refused
+from drills.run.live import check_shape
+from drills.core.podtemplate import container_images
+from drills.kube.rollout import Rollouts, healthy_at
 
 pytestmark = pytest.mark.single_version
 
@@ -122,9 +123,9 @@ SIDECAR_V2 = "registry.local/sidecar:2"
 def _sidecar_differs(kube, namespace, tmp_path, controller_version):
     """A Rollout at (svc:v2, sidecar:2) whose rollback target, scaled to 0 inside the window, is (svc:v1, sidecar:1):
     a chart release that pinned a new sidecar with the new app image."""
-    from drills.kit import DrillRollout
-    from drills.rollout import Predicate, healthy
-    from drills.shapes import RolloutSpec
+    from drills.drill.kit import DrillRollout
+    from drills.kube.rollout import Predicate, healthy
+    from drills.drill.shapes import RolloutSpec
     d = DrillRollout(kube, namespace, RolloutSpec(
         steps=[{"setWeight": 5}, {"pause": {"duration": "2s"}}, {"setWeight": 100}], replicas=2, name="svc",
         scale_down_delay=3, image_v1="registry.local/svc:v1", image_v2="registry.local/svc:v2",
@@ -315,7 +316,7 @@ def test_canary_without_steps_on_a_real_rollout_is_exit_2_and_sends_nothing(kube
                                                                            audit_mutations):
     from kubernetes import client
 
-    from drills.shapes import RolloutSpec, install
+    from drills.drill.shapes import RolloutSpec, install
     install(kube, namespace, RolloutSpec(steps=[{"setWeight": 5}], name="svc"))
     client.CustomObjectsApi(kube).patch_namespaced_custom_object(
         "argoproj.io", "v1alpha1", namespace, "rollouts", "svc",

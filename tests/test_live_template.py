@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from drills.errors import Refused
-from drills.live import check_other_differences, other_differences, rollback_template
-from drills.podtemplate import container_images, template_differences
+from drills.core.errors import Refused
+from drills.run.live import check_other_differences, other_differences, rollback_template
+from drills.core.podtemplate import container_images, template_differences
 
 
 def _template(app: str, sidecar: str, init: str = "registry.local/init:1", **pod) -> dict:

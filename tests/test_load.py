@@ -1,4 +1,4 @@
-"""drills.load: real Locust (subprocess) against a loopback server started here, bounded to a few seconds."""
+"""drills.traffic.load: real Locust (subprocess) against a loopback server started here, bounded to a few seconds."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from drills import load
-from drills.ledger import Ledger, read_rows
-from drills.wait import hold_for, until
+from drills.traffic import load
+from drills.record.ledger import Ledger, read_rows
+from drills.core.wait import hold_for, until
 
 SLOW_MS = 80
 

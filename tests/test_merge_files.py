@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from drills import config, runner
-from drills.errors import BadInput
-from drills.ledger import HOLDS, PASS, Ledger, read_rows
+from drills.core import config
+from drills.run import runner
+from drills.core.errors import BadInput
+from drills.record.ledger import HOLDS, PASS, Ledger, read_rows
 
 PLAN = ["v1.8.2/a/stage", "v1.8.2/b/stage"]
 

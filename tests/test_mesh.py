@@ -1,4 +1,4 @@
-"""drills.mesh (EMULATION of the Istio data path): the routing core with objects shaped as the API returns them.
+"""drills.traffic.mesh (EMULATION of the Istio data path): the routing core with objects shaped as the API returns them.
 
 The HTTP front against a real cluster is in tests/test_mesh_cluster.py.
 """
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from drills import mesh
+from drills.traffic import mesh
 from drills.routers import istio, nginx
 
 NS = "shop"
@@ -160,7 +160,7 @@ def test_non_loopback_bind_is_refused():
         with pytest.raises(mesh.NotLoopback):
             mesh.require_loopback(bad)
     assert mesh.require_loopback("127.0.0.2") == "127.0.0.2"
-    p = subprocess.run([sys.executable, "-m", "drills.mesh_server", "--kubeconfig", "/nonexistent", "--namespace", NS,
+    p = subprocess.run([sys.executable, "-m", "drills.traffic.mesh_server", "--kubeconfig", "/nonexistent", "--namespace", NS,
                         "--route", "web", "--port", "0",
                         "--capacity-rps", "10", "--bind", "0.0.0.0"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "not a loopback address" in p.stderr, p.stderr

@@ -1,4 +1,4 @@
-"""drills.mesh through real HTTP, a real mesh process fed by the embedded cluster's apiserver (watches).
+"""drills.traffic.mesh through real HTTP, a real mesh process fed by the embedded cluster's apiserver (watches).
 
 VirtualService, DestinationRule and Pods are written here the way the controller and the ReplicaSets write
 them; kwok makes pods Ready when availability control releases them.
@@ -15,10 +15,10 @@ import pytest
 from kubernetes import client
 from kubernetes import config as kconfig
 
-from drills import mesh, mesh_server, prometheus
+from drills.traffic import mesh, mesh_server, prometheus
 from drills.routers import istio
 from drills.cluster import Availability
-from drills.wait import hold_for, until
+from drills.core.wait import hold_for, until
 
 ISTIO = ("networking.istio.io", "v1alpha3")
 STABLE, CANARY = "5d4b9c7f8", "6f7c8d9e1"

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from drills import config
+from drills.core import config
 from drills.cluster import EmbeddedCluster
-from drills.fleet import Fleet
-from drills.names import MAX_NAME, BadName, is_plain_name, plain_name
+from drills.charts.fleet import Fleet
+from drills.core.names import MAX_NAME, BadName, is_plain_name, plain_name
 
 NOT_PLAIN = ["../../victim", "..", ".", "a/b", "/abs", "x/..", "../x", ".hidden", "-rf", "a b", "ünï", "a" * 129,
              "v1.8.2/../../..", "..\\x", "a\tb", "~", "*"]
@@ -99,8 +99,8 @@ def test_the_cluster_name_comes_from_the_environment_through_the_validator(monke
 
 
 def test_a_run_refuses_a_cluster_name_before_its_run_folder_exists(tmp_path, monkeypatch):
-    from drills import runner
-    from drills.legs import Leg
+    from drills.run import runner
+    from drills.run.legs import Leg
     monkeypatch.setenv("DRILLS_CLUSTER", "..")
     with pytest.raises(BadName):
         runner.run([Leg("v1.8.2", "a")], run_dir=tmp_path / "run")
@@ -114,7 +114,7 @@ def test_an_environment_of_the_fleet_is_a_plain_name(env):
 
 
 def test_an_app_whose_release_name_is_not_plain_is_refused_naming_the_file(tmp_path):
-    from drills.helm import ChartInputError
+    from drills.charts.helm import ChartInputError
     (tmp_path / "apps").mkdir()
     (tmp_path / "apps" / "stage.yaml").write_text(
         "metadata: {name: cart}\nspec:\n  source: {path: charts/cart, helm: {releaseName: ../../cart}}\n"

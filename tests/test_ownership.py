@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from drills.cluster import EmbeddedCluster
-from drills.procs import boot_id, identity, pid_alive, proven, start_time, terminate_proven
-from drills.wait import until
+from drills.core.procs import boot_id, identity, pid_alive, proven, start_time, terminate_proven
+from drills.core.wait import until
 
 SLEEPER = "import signal, sys; signal.pause()"
 
@@ -161,7 +161,7 @@ def test_a_control_plane_process_kwokctl_started_again_after_the_start_began_is_
     """kwokctl may start a control-plane process again with no record written of it (a revival whose recorder was
     killed): one started after this cluster's start began, from its private kwokctl folder, named by its pid file,
     is the cluster's own and `down` stops it; one started before the start began is left alone."""
-    from drills.procs import now_ticks
+    from drills.core.procs import now_ticks
     pids = cluster.kwok_dir / "pids"
     pids.mkdir(parents=True)
     older = sleepers(cluster.kwok_dir / "bin" / "kube-scheduler")

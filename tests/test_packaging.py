@@ -20,8 +20,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 import drills
-from drills import config
-from drills.procs import die_with_parent
+from drills.core import config
+from drills.core.procs import die_with_parent
 
 ROOT = config.project_root()
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from drills import config
+from drills.core import config
 from drills import lanes as drills_lanes
-from drills.ledger import read_rows
-from drills.procs import die_with_parent
+from drills.record.ledger import read_rows
+from drills.core.procs import die_with_parent
 from drills.toolchain import Toolchain, components_for
 
 ROOT = config.project_root()
@@ -49,7 +49,7 @@ DEMO = {
         from kubernetes import client
 
         from drills.lanes import Runbook, step
-        from drills.ledger import FAIL, PASS
+        from drills.record.ledger import FAIL, PASS
 
         HERE = Path(__file__).parent
 

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from drills.kit import REASON_NO_PARTIAL, DrillRollout, pause_seconds
-from drills.probe import run_probe
-from drills.shapes import RolloutSpec
-from drills.steps import parse_steps, steps_text
+from drills.drill.kit import REASON_NO_PARTIAL, DrillRollout, pause_seconds
+from drills.drill.probe import run_probe
+from drills.drill.shapes import RolloutSpec
+from drills.core.steps import parse_steps, steps_text
 
 
 def test_parse_steps_round_trip():
@@ -128,7 +128,7 @@ def test_a_rollback_wait_that_runs_out_is_inconclusive_with_its_evidence(cluster
 @pytest.mark.parametrize("text", ["none", "", " [] "])
 def test_steps_none_or_empty_is_a_rollout_without_steps(text):
     from drills.cli import build_parser
-    from drills.commands import _probe_spec
+    from drills.commands.main import _probe_spec
     spec = _probe_spec(build_parser().parse_args(["probe", "--steps", text]))
     assert spec.steps == []
 

@@ -1,7 +1,7 @@
 """A plain promote the controller does not take is sent again as the plugin would, and never twice.
 
 Controllers before v1.10.0 can lose a promote in their informer cache (writeBackToInformer; see
-drills.rollout.promote_and_wait and benchmarks/bench_promote_race.py).  Here the controller process itself is
+drills.kube.rollout.promote_and_wait and benchmarks/bench_promote_race.py).  Here the controller process itself is
 stopped (SIGSTOP) while the promote lands, which leaves the same stored state a lost promote leaves: the
 pause conditions cleared, the controller's own pause flag still set, nothing taking it.
 """
@@ -12,8 +12,8 @@ import signal
 
 import pytest
 
-from drills.shapes import RolloutSpec, install
-from drills.rollout import Predicate, WaitTimeout, healthy, paused
+from drills.drill.shapes import RolloutSpec, install
+from drills.kube.rollout import Predicate, WaitTimeout, healthy, paused
 
 
 def _controller_pid(cluster) -> int:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from drills import recorder, timeline
-from drills.rollout import Predicate, healthy, paused
-from drills.shapes import RolloutSpec, install
+from drills.record import recorder, timeline
+from drills.kube.rollout import Predicate, healthy, paused
+from drills.drill.shapes import RolloutSpec, install
 
 
 def _deploy(kube, ns, spec):

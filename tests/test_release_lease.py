@@ -14,10 +14,10 @@ import yaml
 from kubernetes import client
 
 from drills.cluster.namespaces import make_namespace, namespace_name
-from drills.journal_file import digest_of
-from drills.lease import RELEASED_ANNOTATION
-from drills.rollout import GROUP, PLURAL, VERSION
-from drills.safety import LEASE_ANNOTATION, Journal, lease_value
+from drills.core.journal_file import digest_of
+from drills.drill.lease import RELEASED_ANNOTATION
+from drills.kube.rollout import GROUP, PLURAL, VERSION
+from drills.drill.safety import LEASE_ANNOTATION, Journal, lease_value
 
 
 def kube_context(cluster) -> str:

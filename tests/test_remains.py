@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from drills.cluster import EmbeddedCluster, remains
-from drills.procs import pid_alive
-from drills.wait import until
+from drills.core.procs import pid_alive
+from drills.core.wait import until
 
 ROOT = Path(__file__).resolve().parent.parent
 

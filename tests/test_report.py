@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from drills.cli import build_parser
-from drills.commands import cmd_report
-from drills.errors import BadInput
-from drills.ledger import Ledger
-from drills.plots import plot_series
-from drills.report import EMULATION_NOTE, WEIGHT_NOTE, write_matrix, write_run_report
+from drills.commands.main import cmd_report
+from drills.core.errors import BadInput
+from drills.record.ledger import Ledger
+from drills.record.plots import plot_series
+from drills.reporting.report import EMULATION_NOTE, WEIGHT_NOTE, write_matrix, write_run_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

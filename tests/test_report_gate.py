@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from drills import config
-from drills.ledger import PASS, read_rows
+from drills.core import config
+from drills.record.ledger import PASS, read_rows
 
 from test_upgrade_noise import as_release, drills, run_folder
 

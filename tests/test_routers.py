@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from drills import legs, routers, timeline
-from drills.answer import controller_label
-from drills.errors import BadInput
-from drills.ledger import Ledger
-from drills.mesh import Router, pod_info
-from drills.recorder import _rollout
+from drills.run import legs
+from drills import routers
+from drills.record import timeline
+from drills.record.answer import controller_label
+from drills.core.errors import BadInput
+from drills.record.ledger import Ledger
+from drills.traffic.mesh import Router, pod_info
+from drills.record.recorder import _rollout
 from drills.routers import istio, nginx
-from drills.shapes import RolloutSpec, manifests
+from drills.drill.shapes import RolloutSpec, manifests
 
 HASH = "rollouts-pod-template-hash"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from drills import config
-from drills.ledger import read_rows
-from drills.timeline import load
+from drills.core import config
+from drills.record.ledger import read_rows
+from drills.record.timeline import load
 
 HELD_OUT = config.fixtures_dir() / "routers" / "nginx" / "held-out.yaml"
 

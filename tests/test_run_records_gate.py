@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from drills import evidence, runner
-from drills.ledger import INCONCLUSIVE, PASS, read_rows
+from drills.record import evidence
+from drills.run import runner
+from drills.record.ledger import INCONCLUSIVE, PASS, read_rows
 
 from test_merge_files import drills_merge, refused_naming, shard
 from test_upgrade_noise import as_release, drills, run_folder

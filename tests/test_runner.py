@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from drills.ledger import read_rows
+from drills.record.ledger import read_rows
 
 pytestmark = pytest.mark.single_version
 VERSIONS = "v1.8.2,v1.10.2"
@@ -49,7 +49,7 @@ def test_shards_merged_equal_the_unsharded_run(tmp_path):
 
 def test_a_failed_legs_cluster_keeps_the_tail_of_its_logs(tmp_path, monkeypatch):
     from drills.cluster import EmbeddedCluster
-    from drills.runner import KEEP_LOG_BYTES, keep_cluster_logs
+    from drills.run.runner import KEEP_LOG_BYTES, keep_cluster_logs
 
     monkeypatch.setenv("DRILLS_CACHE", str(tmp_path / "cache"))
     c = EmbeddedCluster("kept-logs")

@@ -13,11 +13,11 @@ import pytest
 import yaml
 from kubernetes import client
 
-from drills import config
-from drills.kit import DrillRollout
-from drills.rollout import Rollouts, healthy
-from drills.shapes import RolloutSpec
-from drills.wait import WaitTimeout, until
+from drills.core import config
+from drills.drill.kit import DrillRollout
+from drills.kube.rollout import Rollouts, healthy
+from drills.drill.shapes import RolloutSpec
+from drills.core.wait import WaitTimeout, until
 
 pytestmark = pytest.mark.single_version
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from drills import config
+from drills.core import config
 from drills.scan.autoscalers import HPA, KEDA, from_object, join
 from drills.scan.live import read_autoscalers
 from drills.scan.model import ScanInputError, from_object as rollout_from_object

@@ -12,9 +12,9 @@ from urllib.parse import unquote, urlparse
 import pytest
 import yaml
 
-from drills import config
-from drills.helm import Helm
-from drills.fleet import Fleet, base_dependency, render_app, set_base_dependency
+from drills.core import config
+from drills.charts.helm import Helm
+from drills.charts.fleet import Fleet, base_dependency, render_app, set_base_dependency
 
 FLEET = config.fixtures_dir() / "fleet"
 

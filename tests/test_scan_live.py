@@ -13,10 +13,10 @@ import pytest
 import yaml
 from kubernetes import client
 
-from drills import config
+from drills.core import config
 from drills.scan.live import USER_AGENT, controller_of
 from test_scan_outputs import validate_sarif
-from drills.wait import until
+from drills.core.wait import until
 
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
 

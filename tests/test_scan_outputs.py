@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from drills import config
+from drills.core import config
 
 # The parts of the SARIF 2.1.0 schema (OASIS, sarif-schema-2.1.0.json) that code scanning reads: required
 # properties and types of the log, run, tool, rule, result, location and region objects.

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from drills import config
-from drills.branches import BACKWARD, END, MID, find_branches
+from drills.core import config
+from drills.drill.branches import BACKWARD, END, MID, find_branches
 from drills.scan.advice import lint, safe_pod_count, wave
 from drills.scan.model import ScannedRollout, last_set_weight_step, prescribed
 from drills.scan.predict import EMPTY, FIRST_POD, FIRST_SIZE, FULL_FIRST, RPT, predict

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from drills.scan.command import gate
+from drills.commands.scan import gate
 from drills.scan.live import _image_version, controller_of, unknown_reason
 from drills.scan.model import from_object
 from drills.scan.records import evaluate, table, to_json

@@ -18,7 +18,8 @@ import yaml
 
 import os
 
-from drills import cli, config
+from drills import cli
+from drills.core import config
 from drills.scan.charts import chart_root_of
 from drills.toolchain.modsource import ModuleUnavailable, rollouts_source
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from drills import config
-from drills.ledger import read_rows
+from drills.core import config
+from drills.record.ledger import read_rows
 from drills.scan.advice import WAVES
 
 

@@ -9,7 +9,7 @@ import sys
 
 import yaml
 
-from drills import config
+from drills.core import config
 
 
 def _basic_canary(name: str) -> dict:

@@ -1,6 +1,6 @@
 """Lane abort: reading measurements from recorded AnalysisRun updates, the template, the verdict rules.
 
-The AnalysisRun records below have the shape the flight recorder writes (drills.recorder); the
+The AnalysisRun records below have the shape the flight recorder writes (drills.record.recorder); the
 template is checked against the real apiserver's CRD schema on the embedded cluster.
 """
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from drills import analysis
+from drills.drill import analysis
 from drills.lanes.abort import LaneAbort, outcome_rows
 from drills.lanes.abort_drill import STEPS, AbortObservation
 from drills.lanes.base import LaneContext
-from drills.ledger import INCONCLUSIVE, PASS, UNVERIFIED, Ledger
-from drills.shapes import manifests
+from drills.record.ledger import INCONCLUSIVE, PASS, UNVERIFIED, Ledger
+from drills.drill.shapes import manifests
 
 
 def _fixture() -> dict:

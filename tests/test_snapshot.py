@@ -17,13 +17,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
-from drills import config
+from drills.core import config
 from drills.cluster import Availability, EmbeddedCluster, pid_alive
-from drills.procs import listening_ports_of
+from drills.core.procs import listening_ports_of
 from drills.cluster.snapshot import SnapshotStore, copy_sparse, snapshot_inputs, snapshot_key
 from drills.cluster.startup import SENTINEL, SENTINEL_NS, kwokctl_configuration
-from drills.shapes import RolloutSpec, install
-from drills.rollout import Predicate, healthy, paused
+from drills.drill.shapes import RolloutSpec, install
+from drills.kube.rollout import Predicate, healthy, paused
 from drills.toolchain import Toolchain, components_for
 
 BASE = os.environ.get("DRILLS_CLUSTER") or config.EMBEDDED_CLUSTER_NAME

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from drills import config
-from drills.procs import die_with_parent, pid_alive
-from drills.wait import until
+from drills.core import config
+from drills.core.procs import die_with_parent, pid_alive
+from drills.core.wait import until
 
 HANGING_GO = textwrap.dedent("""\
     #!/bin/sh

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from drills.errors import BadInput
+from drills.core.errors import BadInput
 from drills.toolchain.build import Toolchain, _build_groups, build_jobs
 from drills.toolchain.components import Component, base_components, optional_components, rollouts_component
-from drills.wait import WaitTimeout, hold_for, until
+from drills.core.wait import WaitTimeout, hold_for, until
 
 
 def _by_name(name):
@@ -153,7 +153,7 @@ def _builder(cache, names, jobs):
 
 
 def test_a_signal_ends_the_builds_waiting_for_a_slot_and_starts_nothing(tmp_path):
-    from drills.procs import pid_alive
+    from drills.core.procs import pid_alive
     tc = Toolchain(tmp_path / "cache", log=lambda m: None)
     holders = [_Holder(tc._lock_path("build-slot")), _Holder(tc._lock_path("build-slot-1"))]
     proc = _builder(tc.root, ["hello-s", "hello-t"], 2)

@@ -14,10 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from drills import branches, config, lanes, load, upgrade
-from drills.answer import condition_of, exposed, peak_fact
-from drills.ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, Ledger, read_rows
-from drills.report import write_matrix
+from drills.drill import branches
+from drills.core import config
+from drills import lanes
+from drills.traffic import load
+from drills.reporting import upgrade
+from drills.record.answer import condition_of, exposed, peak_fact
+from drills.record.ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, Ledger, read_rows
+from drills.reporting.report import write_matrix
 
 # DESIGN.md §2: backward search / mid-steps / end of steps per release
 LINES = {"v1.7.2": (217, 227, 233), "v1.8.2": (245, 255, 261), "v1.8.5": (245, 255, 261),

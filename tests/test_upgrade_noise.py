@@ -12,8 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from drills import config, load, upgrade
-from drills.ledger import FAIL, Ledger, read_rows
+from drills.core import config
+from drills.traffic import load
+from drills.reporting import upgrade
+from drills.record.ledger import FAIL, Ledger, read_rows
 
 from test_upgrade import record_abort, record_lane_a, record_order, write_evidence, write_run_json
 
@@ -24,7 +26,7 @@ def drills(*args, reports: Path):
 
 
 def load_stats(exposure_failure: float, p95: float, steady_requests: int = 400) -> dict:
-    """One load step's per-phase figures as drills.load computes them from Locust's per-request records."""
+    """One load step's per-phase figures as drills.traffic.load computes them from Locust's per-request records."""
     def phase(requests, failure_ratio, p95_ms, window):
         return {"requests": requests, "failures": int(round(requests * failure_ratio)), "failure_ratio": failure_ratio,
                 "p95_ms": p95_ms, "p50_ms": p95_ms / 3, "codes": {"200": requests}, "window": window}

@@ -17,10 +17,10 @@ import pytest
 import yaml
 from kubernetes import client
 
-from drills import config
+from drills.core import config
 from drills.cluster import EmbeddedCluster
-from drills.controller_binary import CRDS_FROM_NEAREST, CRDS_FROM_SOURCE, inspect_binary
-from drills.ledger import read_rows
+from drills.drill.controller_binary import CRDS_FROM_NEAREST, CRDS_FROM_SOURCE, inspect_binary
+from drills.record.ledger import read_rows
 from drills.toolchain import Toolchain
 from drills.toolchain.build import sha256_file
 

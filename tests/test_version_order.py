@@ -1,8 +1,10 @@
 """Versions are ordered as releases, never as text (v1.10.2 after v1.8.2), by the one key every part uses."""
 from __future__ import annotations
 
-from drills import config, lanes, upgrade
-from drills.ledger import PASS
+from drills.core import config
+from drills import lanes
+from drills.reporting import upgrade
+from drills.record.ledger import PASS
 
 
 def test_release_order_of_versions_and_labels():

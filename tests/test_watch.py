@@ -13,8 +13,8 @@ import pytest
 import yaml
 from tenacity import retry, retry_if_result, stop_after_delay, wait_fixed
 
-from drills.manifests import apply
-from drills.rollout import Predicate, Rollouts, healthy, paused
+from drills.drill.manifests import apply
+from drills.kube.rollout import Predicate, Rollouts, healthy, paused
 
 pytestmark = pytest.mark.single_version
 

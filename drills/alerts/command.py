@@ -1,4 +1,4 @@
-"""`drills alerts`: what the command does with its parsed arguments (drills.cli owns them, drills.commands calls
+"""`drills alerts`: what the command does with its parsed arguments (drills.cli owns them, drills.commands.main calls
 ``run``).  The Rollouts are read exactly as `drills scan` reads them (drills.scan.readers for manifests and ``-``,
 drills.scan.fleet for a fleet layout rendered with helm); the rules go to standard output, or to ``--out`` (never
 over a file it read)."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from .. import config
-from ..helm import Helm, HelmError
+from ..core import config
+from ..charts.helm import Helm, HelmError
 from ..scan.fleet import FleetScan
 from ..scan.model import ScanInputError
 from ..scan.readers import STDIN, manifest_paths, read_manifests

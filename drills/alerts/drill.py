@@ -30,23 +30,17 @@ from kubernetes import client
 
 from ..cluster.availability import Availability
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
-from ..kit import DrillRollout
-from ..prometheus import Prometheus
-from ..rollout import HASH_LABEL, healthy, healthy_at, paused
-from ..shapes import RolloutSpec, manifests
-from ..timeline import load as load_timeline
+from ..drill.kit import DrillRollout
+from ..traffic.prometheus import Prometheus
+from ..kube.rollout import HASH_LABEL, healthy, healthy_at, paused
+from ..drill.shapes import RolloutSpec, manifests
+from ..record.timeline import load as load_timeline
 from ..toolchain import Toolchain
-from ..wait import WaitTimeout, hold_for, until
-from . import command, promtool
+from ..core.wait import WaitTimeout, hold_for, until
+from . import command
+from . import promtool
 from .evidence import (
-    AlertWatch,
-    aborted_now,
-    alert_samples,
-    first_scrape,
-    intervals,
-    mark_wall,
-    scrape_seconds,
-    stuck_now,
+    AlertWatch, aborted_now, alert_samples, first_scrape, intervals, mark_wall, scrape_seconds, stuck_now
 )
 from .ksm import KubeStateMetrics
 from .metrics import CANARY_WEIGHT, PHASE, ROLLOUT_INFO, ROLLOUT_UNAVAILABLE, STEP_INDEX

@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..timeline import ordered
+from ..record.timeline import ordered
 from .metrics import ABORT_PHASE, CANARY_WEIGHT, IN_PROGRESS, PHASE, ROLLOUT_INFO, STEP_INDEX
 from .rules import STUCK
 
@@ -131,7 +131,7 @@ class AlertWatch:
 
 # --- the condition in the cluster's own record -----------------------------------------------------------
 def stuck_now(status: dict, steps: int, max_weight: int) -> bool:
-    """The stuck rule's condition on one recorded Rollout status (drills.recorder's condensed one), as its metrics
+    """The stuck rule's condition on one recorded Rollout status (drills.record.recorder's condensed one), as its metrics
     show it: the canary weight below maxTrafficWeight, the step index at the end of the steps, status.phase
     Progressing or Degraded, not aborted (rollout_info's phase Abort) and not fully promoted (stableRS is not
     currentPodHash)."""

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from .. import config
-from ..procs import ProcessExited, die_with_parent, free_port, stop_process, wait_http
-from ..wait import WaitTimeout, until
+from ..core import config
+from ..core.procs import ProcessExited, die_with_parent, free_port, stop_process, wait_http
+from ..core.wait import WaitTimeout, until
 
 NAME = "kube-state-metrics"
 READY_TIMEOUT_S = 60.0

@@ -28,7 +28,7 @@ Both sources put the Rollout's ``namespace`` and ``name`` on each sample: scrape
 """
 from __future__ import annotations
 
-from .. import config
+from ..core import config
 
 GROUP, KIND, VERSION = config.ARGO_GROUP, "Rollout", config.ARGO_VERSION
 KSM_PREFIX = "kube_customresource"          # kube-state-metrics' default metricNamePrefix

@@ -16,19 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from ..procs import die_with_parent
+from ..core.procs import die_with_parent
 from ..toolchain import Toolchain
 from .metrics import (
-    ABORT_PHASE,
-    CANARY_WEIGHT,
-    CURRENT_LABEL,
-    PHASE,
-    PHASES,
-    POD_HASHES,
-    ROLLOUT_INFO,
-    STABLE_LABEL,
-    STEP_INDEX,
-    ksm_labels,
+    ABORT_PHASE, CANARY_WEIGHT, CURRENT_LABEL, PHASE, PHASES, POD_HASHES, ROLLOUT_INFO, STABLE_LABEL, STEP_INDEX,
+    ksm_labels
 )
 from .ramp import duration, parse_seconds
 from .rules import ABORTED, BLIND, GROUP_PREFIX, STUCK, expr_numbers

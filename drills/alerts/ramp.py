@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..errors import BadInput
+from ..core.errors import BadInput
 
 DEFAULT_READINESS_S = 30.0     # one pod: scheduled, image pulled, started, its readiness probe's first success
 DEFAULT_MARGIN = 0.5           # the alert waits 50 % longer than the expected ramp

@@ -21,17 +21,8 @@ import yaml
 
 from ..scan.model import ScannedRollout, last_set_weight_step, prescribed, steps_text
 from .metrics import (
-    ABORT_PHASE,
-    CANARY_WEIGHT,
-    NEEDS,
-    ROLLOUT_INFO,
-    IN_PROGRESS,
-    CURRENT_LABEL,
-    PHASE,
-    POD_HASHES,
-    STABLE_LABEL,
-    STEP_INDEX,
-    ksm_labels,
+    ABORT_PHASE, CANARY_WEIGHT, NEEDS, ROLLOUT_INFO, IN_PROGRESS, CURRENT_LABEL, PHASE, POD_HASHES, STABLE_LABEL,
+    STEP_INDEX, ksm_labels
 )
 from .ramp import Ramp, RampParams, duration, expected_ramp
 

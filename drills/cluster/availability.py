@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from ..kube import conflict_retry, new_client
-from ..wait import until
-from ..watching import ListWatch
+from ..kube.api import conflict_retry, new_client
+from ..core.wait import until
+from ..kube.watching import ListWatch
 from .stages import RELEASE_ANNOTATION
 from .startup import polling_client
 

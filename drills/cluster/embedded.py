@@ -18,16 +18,20 @@ from pathlib import Path
 
 import yaml
 
-from .. import config
-from ..names import is_plain_name, plain_name
-from ..procs import (boot_id, die_with_parent, free_port, listening_ports_of, now_ticks, pid_alive, port_in_use,
-                     proven, run_bounded, terminate_proven)
+from ..core import config
+from ..core.names import is_plain_name, plain_name
+from ..core.procs import (
+    boot_id, die_with_parent, free_port, listening_ports_of, now_ticks, pid_alive, port_in_use, proven, run_bounded,
+    terminate_proven
+)
 from ..toolchain import Toolchain, check_built, components_for
-from ..wait import WaitTimeout, until
+from ..core.wait import WaitTimeout, until
 from .errors import ClusterError, ClusterInputError, ClusterInUse, ClusterStateError, ControlPlaneExited
 from .snapshot import SnapshotStore, snapshot_inputs, snapshot_key, stamped_sha256
-from .startup import (SENTINEL_NS, PhaseClock, create_sentinel, crds_served, install_crds, kwokctl_configuration,
-                      nodes_ready, polling_client, reserve_ports, revive_exited, sentinel_reconciled)
+from .startup import (
+    SENTINEL_NS, PhaseClock, create_sentinel, crds_served, install_crds, kwokctl_configuration, nodes_ready,
+    polling_client, reserve_ports, revive_exited, sentinel_reconciled
+)
 from .state import ClusterState
 from .usage import Usage, describe
 
@@ -36,7 +40,7 @@ CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-sche
 
 
 class EmbeddedCluster(ClusterState):
-    """One embedded cluster (folder ``$DRILLS_CACHE/clusters/<name>``; the name is a plain name, drills.names)."""
+    """One embedded cluster (folder ``$DRILLS_CACHE/clusters/<name>``; the name is a plain name, drills.core.names)."""
 
     def __init__(self, name: str | None = None, toolchain: Toolchain | None = None, log=None):
         self.name = config.cluster_name(name)
@@ -100,7 +104,7 @@ class EmbeddedCluster(ClusterState):
         return self.state().get("api_server")
 
     def api_client(self):
-        from ..kube import new_client
+        from ..kube.api import new_client
         return new_client(self.kubeconfig)
 
     def ensure_pod_room(self, pods: int) -> int:
@@ -174,14 +178,14 @@ class EmbeddedCluster(ClusterState):
            controller_binary: Path | None = None, crds_dir: Path | None = None,
            reported_version: str | None = None, crd_warning: str | None = None) -> dict:
         """A cluster at release ``controller_version``; with ``controller_binary`` (a user-built controller,
-        drills.controller_binary) that argument is only the nearest release, and the cluster is labelled by the
+        drills.drill.controller_binary) that argument is only the nearest release, and the cluster is labelled by the
         binary's reported version, its sha256 and its CRD folder ``crds_dir``.
 
         A cluster of this name that runs something else is replaced only when nobody uses it (``in_use``);
         otherwise ClusterInUse (exit 2) names who does.  One `up` or `down` of a name at a time."""
         version = plain_name(controller_version or config.DEFAULT_CONTROLLER, "controller version")
         if controller_binary is not None and crds_dir is None:
-            raise ClusterInputError("a user-built controller needs its CRD folder (drills.controller_binary)")
+            raise ClusterInputError("a user-built controller needs its CRD folder (drills.drill.controller_binary)")
         label = plain_name((config.normalise_version(reported_version or "") or reported_version or "unknown")
                            if controller_binary is not None else version, "the controller's reported version")
         if api_port and port_in_use(api_port):

@@ -28,8 +28,8 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from ..procs import port_in_use
-from ..wait import WaitTimeout, until
+from ..core.procs import port_in_use
+from ..core.wait import WaitTimeout, until
 from .errors import ClusterError
 
 GROUP, VERSION = "external.metrics.k8s.io", "v1beta1"

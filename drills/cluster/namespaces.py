@@ -7,7 +7,7 @@ import uuid
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from .. import config
+from ..core import config
 from .availability import Availability
 
 OPT_IN_VALUE = "true"

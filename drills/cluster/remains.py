@@ -2,7 +2,7 @@
 
 A run marks each embedded cluster it starts with its owner: ``clusters/.<name>.owner.json`` beside the cluster
 folder, written before `up` (so a run killed during `up` is found too) and removed when the run takes the cluster
-down.  The owner is the run's id and its process as drills.procs.identity records it (pid, start time, boot id).
+down.  The owner is the run's id and its process as drills.core.procs.identity records it (pid, start time, boot id).
 A mark whose process is provably gone (no such pid, another start time, another boot) names the remains of a
 killed run: the next `drills run` or `drills cluster up` takes that cluster down (only what the cluster's record
 proves is its own is signalled, drills.cluster.state) and says so.  A cluster somebody still holds
@@ -15,9 +15,9 @@ import json
 import os
 from pathlib import Path
 
-from .. import config
-from ..names import is_plain_name
-from ..procs import boot_id, identity, is_pid, start_time
+from ..core import config
+from ..core.names import is_plain_name
+from ..core.procs import boot_id, identity, is_pid, start_time
 
 MAX_MARK_BYTES = 4096
 SUFFIX = ".owner.json"

@@ -34,7 +34,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import config
+from ..core import config
 
 FORMAT = 3              # bump when what a snapshot holds, or how it is taken, changes
 KEEP = 8                # snapshots kept (least recently used pruned)

@@ -24,7 +24,8 @@ from typing import Callable
 
 import yaml
 
-from .. import config, routers
+from ..core import config
+from .. import routers
 from .stages import load_stages
 
 RANGE = (20000, 32000)
@@ -259,7 +260,7 @@ def revive_exited(cluster, kdir: Path, exited_error: type[Exception]) -> None:
     start, then exit: on a loaded machine that happens while the rest of the plane is fine.  With the apiserver
     ready, `kwokctl start cluster` starts what is not running (and nothing else); a process that exits again, or
     any other control-plane process that exited, ends the start (``exited_error``)."""
-    from ..procs import pid_alive, process_age
+    from ..core.procs import pid_alive, process_age
     for attempt in range(PLANE_RESTARTS + 1):
         dead = [name for name, pid in cluster._kwok_pids().items() if not pid_alive(pid)]
         if not dead:

@@ -1,7 +1,7 @@
 """The embedded cluster's record of itself: state.json in the cluster folder, and the processes it names.
 
 Every process the product starts for a cluster is recorded when it starts: name, pid, its start time and the
-boot's id (drills.procs.identity), whether the product made it the leader of a process group of its own, its
+boot's id (drills.core.procs.identity), whether the product made it the leader of a process group of its own, its
 ports and log.  The control-plane processes kwokctl starts (a child of the product) are recorded the same way as
 soon as kwokctl has started them.  `down` signals a recorded process only when it is provably that process still
 (pid, start time and boot id as recorded, and a command line naming this cluster's folder or kubeconfig): after a
@@ -18,7 +18,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..procs import boot_id, cmdline, identity, is_pid, pid_alive, proven, start_time
+from ..core.procs import boot_id, cmdline, identity, is_pid, pid_alive, proven, start_time
 from .errors import ClusterStateError
 
 MAX_STATE_BYTES = 4 << 20

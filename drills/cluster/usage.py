@@ -24,8 +24,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..procs import identity, start_time
-from ..wait import WaitTimeout, until
+from ..core.procs import identity, start_time
+from ..core.wait import WaitTimeout, until
 from .errors import ClusterError
 
 MAX_MARKER_BYTES = 4096

@@ -15,7 +15,7 @@ import re
 import sys
 from importlib.metadata import entry_points
 
-from ..errors import BadInput
+from ..core.errors import BadInput
 from .a import LaneA
 from .abort import LaneAbort
 from .alert import LaneAlert

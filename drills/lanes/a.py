@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import timeline
-from ..answer import exposed, peak_fact
-from ..kit import DrillRollout, Observation
-from ..ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, PASS
-from ..phases import PhasedLoad
-from ..rollout import healthy_at
-from ..shapes import RolloutSpec
-from ..steps import last_set_weight, steps_text
-from ..wait import WaitTimeout
+from ..record import timeline
+from ..record.answer import exposed, peak_fact
+from ..drill.kit import DrillRollout, Observation
+from ..record.ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, PASS
+from ..traffic.phases import PhasedLoad
+from ..kube.rollout import healthy_at
+from ..drill.shapes import RolloutSpec
+from ..core.steps import last_set_weight, steps_text
+from ..core.wait import WaitTimeout
 from .base import LaneContext, Runbook, StepFailed, step
 
 ASSERT_PEAK = "peak canary weight while the revived ReplicaSet is below its desired count"

@@ -1,5 +1,5 @@
 """Lane A's live variant: the same runbook on an existing stage Rollout, natural timing, under the live gate
-(drills.live owns the gate, the journal, the lease and the signals; this module only runs the steps).
+(drills.run.live owns the gate, the journal, the lease and the signals; this module only runs the steps).
 
 BEFORE: roll back (the application container's image reverted in the spec), observe the last setWeight on
 the partial ReplicaSet -> cut the final setWeight 100 -> redeploy the current image (only the application
@@ -14,15 +14,15 @@ from pathlib import Path
 
 from kubernetes import client
 
-from .. import timeline
-from ..answer import exposed, peak_fact
-from ..kit import DrillRollout, Observation
-from ..ledger import FAIL, HAZARD, HOLDS, PASS
-from ..phases import PhasedLoad
-from ..podtemplate import container_images, template_differences
-from ..rollout import HASH_LABEL, Predicate, healthy_at
-from ..steps import last_set_weight
-from ..wait import WaitTimeout
+from ..record import timeline
+from ..record.answer import exposed, peak_fact
+from ..drill.kit import DrillRollout, Observation
+from ..record.ledger import FAIL, HAZARD, HOLDS, PASS
+from ..traffic.phases import PhasedLoad
+from ..core.podtemplate import container_images, template_differences
+from ..kube.rollout import HASH_LABEL, Predicate, healthy_at
+from ..core.steps import last_set_weight
+from ..core.wait import WaitTimeout
 from .a import ASSERT_PEAK, exit_rows
 from .base import LaneContext, Runbook, StepFailed, step
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from .. import load
+from ..traffic import load
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
-from ..ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
+from ..record.ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from ..routers import ISTIO
 from .abort_drill import AbortObservation, SelfAbortDrill, fmt
 from .base import Runbook, step

@@ -6,7 +6,7 @@ background AnalysisRun that reads the error rate through Argo's ``prometheus`` p
 Prometheus scraping the emulator.  Measurements are read from the recorded AnalysisRun series (the flight
 recorder's watch); for each one the drill evaluates, in the same Prometheus at the measurement's time, the error
 rate of the stable (broken) revision, and counts Locust's 5xx responses in the seconds before.  Load figures
-come from an emulated mesh (drills.mesh), not from Envoy/Istio.
+come from an emulated mesh (drills.traffic.mesh), not from Envoy/Istio.
 """
 from __future__ import annotations
 
@@ -20,22 +20,18 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from .. import config, load, mesh_server, prometheus, timeline
+from ..core import config
+from ..traffic import load, mesh_server, prometheus
+from ..record import timeline
 from ..routers import istio
-from ..analysis import (
-    analysis_query,
-    analysis_template,
-    client_error_ratio,
-    measurements,
-    rollout_spec,
-    run_names,
-    service_fqdn,
+from ..drill.analysis import (
+    analysis_query, analysis_template, client_error_ratio, measurements, rollout_spec, run_names, service_fqdn
 )
-from ..kit import DrillRollout
-from ..rollout import HASH_LABEL, Predicate, healthy_at
-from ..shapes import template_for
-from ..steps import steps_text
-from ..wait import WaitTimeout, hold_for, until
+from ..drill.kit import DrillRollout
+from ..kube.rollout import HASH_LABEL, Predicate, healthy_at
+from ..drill.shapes import template_for
+from ..core.steps import steps_text
+from ..core.wait import WaitTimeout, hold_for, until
 
 STEPS = ("whole-service-query", "per-revision-query", "rollback-window")
 SCALE_DOWN_DEADLINE = "argo-rollouts.argoproj.io/scale-down-deadline"

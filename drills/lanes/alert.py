@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ..alerts.drill import AlertDrill
 from ..alerts.rules import ABORTED, STUCK
-from .. import config
-from ..config import version_order
-from ..ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
+from ..core import config
+from ..core.config import version_order
+from ..record.ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from .base import Runbook, StepFailed, step
 
 WEIGHT_SOURCE = (f"weight, step and phase from kube-state-metrics {config.KUBE_STATE_METRICS_VERSION} "

@@ -15,21 +15,15 @@ import time
 from functools import cached_property
 from pathlib import Path
 
-from .. import recorder, timeline
-from ..fleet import Fleet, Workspace
-from ..helm import Helm, Registry
-from ..ledger import FAIL, NOT_APPLICABLE, PASS
-from ..manifests import apply, docs
-from ..rollout import Predicate, Rollouts, healthy, paused
-from ..steps import steps_text
-from ..wait import WaitTimeout
-from .b_checks import (
-    check_equivalence,
-    check_merge_alone,
-    check_propagation,
-    ensure_published,
-    inheritors,
-)
+from ..record import recorder, timeline
+from ..charts.fleet import Fleet, Workspace
+from ..charts.helm import Helm, Registry
+from ..record.ledger import FAIL, NOT_APPLICABLE, PASS
+from ..drill.manifests import apply, docs
+from ..kube.rollout import Predicate, Rollouts, healthy, paused
+from ..core.steps import steps_text
+from ..core.wait import WaitTimeout
+from .b_checks import check_equivalence, check_merge_alone, check_propagation, ensure_published, inheritors
 from .base import LaneContext, Runbook, step
 
 PINNED = "3.0.13"

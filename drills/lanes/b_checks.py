@@ -6,17 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..fleet import (
-    STEPS_PATH,
-    Fleet,
-    Render,
-    Workspace,
-    base_sources,
-    check_base_version,
-    render_app,
-)
-from ..helm import Helm, Registry, publish
-from ..renderdiff import RenderDiff, diff_objects, within
+from ..charts.fleet import STEPS_PATH, Fleet, Render, Workspace, base_sources, check_base_version, render_app
+from ..charts.helm import Helm, Registry, publish
+from ..charts.renderdiff import RenderDiff, diff_objects, within
 
 BASE_REPOSITORY = "charts/base"
 

@@ -12,11 +12,11 @@ import json
 import time
 from pathlib import Path
 
-from .. import recorder, timeline
-from ..ledger import FAIL, INCONCLUSIVE, PASS
-from ..rollout import Predicate, Rollouts, healthy
-from ..steps import steps_text
-from ..wait import WaitTimeout
+from ..record import recorder, timeline
+from ..record.ledger import FAIL, INCONCLUSIVE, PASS
+from ..kube.rollout import Predicate, Rollouts, healthy
+from ..core.steps import steps_text
+from ..core.wait import WaitTimeout
 from .base import LaneContext, Runbook, step
 
 ASSERT_STEPS = "the deployed steps no longer end in setWeight 100 (the base default inherited)"

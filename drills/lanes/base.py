@@ -24,10 +24,10 @@ from typing import Callable, ClassVar
 
 import yaml
 
-from .. import config
-from ..errors import BadInput
-from ..kit import NO_EXPECTATION
-from ..ledger import PASS, UNVERIFIED, Ledger, describe_row
+from ..core import config
+from ..core.errors import BadInput
+from ..drill.kit import NO_EXPECTATION
+from ..record.ledger import PASS, UNVERIFIED, Ledger, describe_row
 
 EXPECTATIONS = "expectations.yaml"
 USER_BUILT = ("a user-built controller: its rows are observations, classified against a baseline release by "

@@ -2,7 +2,7 @@
 
 Each escape runs in a namespace of its own: the incident's aborted state is made as lane ``abort`` makes it (a
 GitOps rollback to v1 aborted by its own analysis, the broken v2 still the stable), then one escape is applied
-with kubectl-argo-rollouts parity (drills.rollout) and the controller is watched:
+with kubectl-argo-rollouts parity (drills.kube.rollout) and the controller is watched:
 
 - ``retry``: status.abort false -> the steps are walked again from 0 and the analysis aborts the rollback again;
 - ``promote``: a plain promote -> the abort stays (nothing useful happens);
@@ -21,13 +21,13 @@ from pathlib import Path
 
 import yaml
 
-from .. import timeline
-from ..config import version_order
+from ..record import timeline
+from ..core.config import version_order
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
-from ..ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
-from ..plots import plot_paths
-from ..rollout import Predicate, healthy
-from ..wait import WaitTimeout, hold_for
+from ..record.ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
+from ..record.plots import plot_paths
+from ..kube.rollout import Predicate, healthy
+from ..core.wait import WaitTimeout, hold_for
 from .abort import LaneAbort
 from .abort_drill import SelfAbortDrill
 from .base import Runbook, step

@@ -4,7 +4,7 @@ In reconcileTrafficRouting the backward search ("not at desired replica counts":
 must be evaluated before the mid-steps branch (GetCurrentSetWeight) and the end-of-steps branch
 (MaxTrafficWeight); the prescription (delete the final setWeight) is only safe while it is.  Each probe is a
 Rollout of its own (fixtures/lanes/order/probes.yaml) in a namespace of its own; each gives one row whose
-assertion names that version's own lines (drills.branches, read from its source, never typed in).
+assertion names that version's own lines (drills.drill.branches, read from its source, never typed in).
 
 (a) end-of-steps: steps [5, pause 10s, 50], roll back inside rollbackWindow -> 50 while the revived
     ReplicaSet is partial (100 would mean end-of-steps first).
@@ -15,7 +15,7 @@ assertion names that version's own lines (drills.branches, read from its source,
     version's Rollout CRD lacks the field.
 (d) scale-out: the prescription [5, pause 10s], replicas 4, a rollback inside the window, then the Rollout scaled
     to 8 while the revived pods are held, by the cluster's real HPA controller on an external metric the drill
-    raises (drills.autoscale; on a cluster other than the embedded one, the drill writes the scale subresource
+    raises (drills.drill.autoscale; on a cluster other than the embedded one, the drill writes the scale subresource
     itself, and the row says so) -> the weight while partial against the last rung (5), and what the controller
     did with the revived ReplicaSet's size.
 """
@@ -25,20 +25,21 @@ import json
 import math
 from pathlib import Path
 
-from .. import branches, timeline
-from ..answer import condition_of
-from ..autoscale import HPAScaleOut, external_metrics_for
+from ..drill import branches
+from ..record import timeline
+from ..record.answer import condition_of
+from ..drill.autoscale import HPAScaleOut, external_metrics_for
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
-from ..config import version_order
-from ..kit import REASON_INCOMPLETE, DrillRollout, Observation
-from ..probe import release_rest, wait_window_decided
-from ..probe import scale_out as scale_out_while_held
-from ..ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, finite_number
-from ..rollout import Predicate, healthy, paused
-from ..shapes import RolloutSpec
-from ..steps import last_set_weight, steps_text
+from ..core.config import version_order
+from ..drill.kit import REASON_INCOMPLETE, DrillRollout, Observation
+from ..drill.probe import release_rest, wait_window_decided
+from ..drill.probe import scale_out as scale_out_while_held
+from ..record.ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, finite_number
+from ..kube.rollout import Predicate, healthy, paused
+from ..drill.shapes import RolloutSpec
+from ..core.steps import last_set_weight, steps_text
 from ..toolchain import Toolchain
-from ..wait import WaitTimeout
+from ..core.wait import WaitTimeout
 from .base import LaneContext, Runbook, step
 
 STEP_END, STEP_MID, STEP_HAZARD = "end-of-steps", "mid-steps", "hazard-replica-progress-threshold"
@@ -205,7 +206,7 @@ class LaneOrder(Runbook):
             rec.wait_weight(rung, 60, f"(the rung of step {idx}) once the canary ReplicaSet is complete")
             hash_v2 = d.ro.get(d.name)["status"]["currentPodHash"]
             d.release(hid)
-            # taken by the controller, else promoted again as the plugin would (drills.rollout.promote_and_wait)
+            # taken by the controller, else promoted again as the plugin would (drills.kube.rollout.promote_and_wait)
             d.ro.promote_and_wait(d.name, 120, on_send=rec.mark, progress=d.progress)
             ro = d.ro.wait(d.name, Predicate("Healthy at v2", lambda o: healthy()(o) and
                                              o["status"].get("stableRS") == o["status"].get("currentPodHash")

@@ -19,10 +19,10 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from .. import config
-from ..helm import Helm
-from ..ledger import FAIL, PASS, UNVERIFIED, key_of
-from ..probe import controller_log_of
+from ..core import config
+from ..charts.helm import Helm
+from ..record.ledger import FAIL, PASS, UNVERIFIED, key_of
+from ..drill.probe import controller_log_of
 from ..scan.advice import WAVES
 from ..scan.fleet import FleetScan
 from ..scan.records import Record, evaluate, summary, version_order

@@ -5,7 +5,7 @@ A run's router is a run dimension (``--router``): legs, rows, the report and the
 """
 from __future__ import annotations
 
-from ..errors import BadInput
+from ..core.errors import BadInput
 from .base import Route, Source, TrafficRouter, Watch
 from .istio import ROUTER as ISTIO
 from .nginx import ROUTER as NGINX

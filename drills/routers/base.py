@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import BadInput
+from ..core.errors import BadInput
 
 
 @dataclass(frozen=True)

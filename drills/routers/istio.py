@@ -183,14 +183,14 @@ class IstioMetrics:
                 h[-1] += 1
 
     def render(self) -> str:
-        out = [f"# HELP {REQUESTS} Requests seen by the EMULATED mesh (drills.mesh), Istio-shaped.",
+        out = [f"# HELP {REQUESTS} Requests seen by the EMULATED mesh (drills.traffic.mesh), Istio-shaped.",
                f"# TYPE {REQUESTS} counter"]
         with self.lock:
             reqs = sorted(self.requests.items())
             hist = sorted((k, list(v)) for k, v in self.hist.items())
         for key, n in reqs:
             out.append(f"{REQUESTS}{{{self._labels(key)}}} {n}")
-        out += [f"# HELP {DURATION} Request duration in the EMULATED mesh (drills.mesh).",
+        out += [f"# HELP {DURATION} Request duration in the EMULATED mesh (drills.traffic.mesh).",
                 f"# TYPE {DURATION} histogram"]
         for key, h in hist:
             lab, cum = self._labels(key), 0

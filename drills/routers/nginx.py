@@ -136,7 +136,7 @@ class NginxMetrics:
             self.requests[key] = self.requests.get(key, 0) + 1
 
     def render(self) -> str:
-        out = [f"# HELP {REQUESTS} Requests seen by the EMULATED ingress (drills.mesh), ingress-nginx-shaped.",
+        out = [f"# HELP {REQUESTS} Requests seen by the EMULATED ingress (drills.traffic.mesh), ingress-nginx-shaped.",
                f"# TYPE {REQUESTS} counter"]
         with self.lock:
             reqs = sorted(self.requests.items())

@@ -1,6 +1,6 @@
 """`drills scan`: the rollback exposure of every Rollout, predicted from its manifest and controller version.
 
-Modules: model (what a Rollout is to the scan; not drills.shapes.RolloutSpec, which is what a drill deploys),
+Modules: model (what a Rollout is to the scan; not drills.drill.shapes.RolloutSpec, which is what a drill deploys),
 yamlstream / readers / fleet / live (inputs: manifests, the fleet layout rendered with helm, live clusters),
 autoscalers (HPAs and KEDA ScaledObjects on a Rollout: the join, the predictions at their minimum and
 maximum, what closes the remaining rung at the maximum), sources (what a controller version does, read from its own source), predict (the rules), advice (lint, safe pod

@@ -41,7 +41,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .. import config
+from ..core import config
 from .model import ScanInputError, ScannedRollout, _int, _mapping, last_set_weight_step, prescribed
 from .predict import Prediction, predict
 from .sources import VersionFacts

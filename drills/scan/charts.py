@@ -1,5 +1,5 @@
 """Helm charts among the manifests: a folder that holds a ``Chart.yaml`` is rendered with the real helm
-(drills.helm.Helm: ``helm template`` with the chart's own values.yaml, then every ``--values`` file given, in
+(drills.charts.helm.Helm: ``helm template`` with the chart's own values.yaml, then every ``--values`` file given, in
 order) and its render is scanned; no file of a chart is ever read as a manifest (a template is not YAML).  A chart
 inside a chart (``charts/<sub>``) is part of its parent's render.  A template file given by itself
 (``<chart>/templates/rollout.yaml``) renders its chart and keeps the objects helm says came from it.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from ..helm import Helm, HelmError
+from ..charts.helm import Helm, HelmError
 from .model import ScanInputError
 from .readers import STDIN, ReadResult, display_path, manifest_paths, rollouts_of
 from .yamlstream import objects

@@ -21,7 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 from urllib.parse import quote
 
-from .. import __version__, config
+from .. import __version__
+from ..core import config
 from .advice import ABOVE_SAFE, CRD_PRUNED, CRD_REJECTED, ERROR, FINAL_100, INVALID_SPEC, LINT_RULES, RATIO, WARNING
 from .autoscalers import conflict_text
 from .model import last_set_weight_step, steps_text

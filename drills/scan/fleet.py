@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from .. import inputs
-from ..errors import BadInput
-from ..fleet import BASE, Fleet, Workspace, base_dependency, load_values_file
-from ..helm import ChartInputError, Helm, HelmError
+from ..core import inputs
+from ..core.errors import BadInput
+from ..charts.fleet import BASE, Fleet, Workspace, base_dependency, load_values_file
+from ..charts.helm import ChartInputError, Helm, HelmError
 from .model import ScanInputError
 from .readers import ReadResult, display_path, rollouts_of
 from .yamlstream import objects

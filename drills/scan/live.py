@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 
 from kubernetes import client
 
-from .. import __version__, config, kube
-from ..errors import BadInput
-from ..kubeconfig import contexts as kubeconfig_contexts
+from .. import __version__
+from ..core import config
+from ..kube import api as kube
+from ..core.errors import BadInput
+from ..kube.kubeconfig import contexts as kubeconfig_contexts
 from . import autoscalers as scalers
 from .model import ScanInputError, from_object
 
@@ -52,7 +54,7 @@ class ClusterInventory:
 
 
 def contexts(kubeconfig: str | None, context: str | None, all_contexts: bool) -> list[tuple[str, str]]:
-    """(kubeconfig file, context) pairs to read, resolved as kubectl resolves them (drills.kube)."""
+    """(kubeconfig file, context) pairs to read, resolved as kubectl resolves them (drills.kube.api)."""
     if not all_contexts:
         return [kube.resolve_kubeconfig(kubeconfig, context)]
     kc, names = kubeconfig_contexts(kubeconfig)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import BadInput
-from ..steps import steps_text as _steps_text
+from ..core.errors import BadInput
+from ..core.steps import steps_text as _steps_text
 
 ROLLOUT_KINDS = ("Rollout",)
 # the fields of a canary step (CanaryStep, pkg/apis/rollouts/v1alpha1/types.go) and the four the controller's
@@ -262,7 +262,7 @@ def last_set_weight_step(steps: list) -> tuple[int | None, int | None]:
 
 def prescribed(steps: list) -> list:
     """The prescription (brief §9.1): delete the last setWeight step when its value is 100, also when steps
-    follow it (``[100, pause]`` -> ``[pause]``; drills.steps.cut_final_full_weight cuts only a trailing 100)."""
+    follow it (``[100, pause]`` -> ``[pause]``; drills.core.steps.cut_final_full_weight cuts only a trailing 100)."""
     i, w = last_set_weight_step(steps)
     if w is not None and i is not None and w >= 100:
         return steps[:i] + steps[i + 1:]

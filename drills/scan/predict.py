@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..branches import BACKWARD, END
-from ..steps import last_set_weight
+from ..drill.branches import BACKWARD, END
+from ..core.steps import last_set_weight
 from .model import ScannedRollout
 from .sources import VersionFacts
 

@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import inputs
+from ..core import inputs
 from . import autoscalers as scalers
 from .model import ROLLOUT_KINDS, ScanInputError, from_object
 from .yamlstream import objects
@@ -67,7 +67,7 @@ def manifest_paths(inputs: list[str]) -> list[str]:
 
 
 def read_text(path: str, stdin=None) -> str:
-    """A manifest file or standard input as text, read under the stream budget (drills.inputs)."""
+    """A manifest file or standard input as text, read under the stream budget (drills.core.inputs)."""
     try:
         if path == STDIN:
             raw = inputs.read_stream(stdin if stdin is not None else sys.stdin, inputs.STREAM_BYTES, "<stdin>")

@@ -5,7 +5,7 @@ import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from .. import config
+from ..core import config
 from . import autoscalers as scalers
 from .advice import ERROR, WAVES, lint, safe_pod_count, wave
 from .model import ScannedRollout, steps_text

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from .. import config
+from ..core import config
 from .model import ScanInputError, ScannedRollout, from_object
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -1,7 +1,7 @@
 """What a controller version does on the rollback path, read from that version's own source.
 
 Every line a prediction names is found here by its code in the version's module source (the Go module cache,
-``go mod download``) or a tree given with ``--source``; the weight-chain lines come from drills.branches.
+``go mod download``) or a tree given with ``--source``; the weight-chain lines come from drills.drill.branches.
 Nothing is typed in by hand.  Four facts decide the rules (predict.py):
 
 - ``guard``: Istio's UpdateHash refuses (returns an error, so SetWeight is not reached) while a ReplicaSet with
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .. import config
-from ..branches import BACKWARD, END, MID, SourceMapError, find_branches
-from ..errors import BadInput
-from ..procs import run_bounded
+from ..core import config
+from ..drill.branches import BACKWARD, END, MID, SourceMapError, find_branches
+from ..core.errors import BadInput
+from ..core.procs import run_bounded
 from ..toolchain.modsource import ModuleUnavailable, rollouts_source
 
 TR, CANARY, SYNC, RSC, ISTIO, TYPES, VALIDATION, ANALYSIS = (

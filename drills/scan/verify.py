@@ -3,7 +3,7 @@
 Up to K distinct shapes (controller version, router and routing, steps, replicas, minPodsPerReplicaSet,
 replicaProgressThreshold, dynamicStableScale) are picked so that every predicted rule the probe can run is
 covered (one shape per rule first, the shape standing for the most Rollouts; then the most common others).
-Each runs through the rollback probe (drills.probe) on the embedded cluster at that version, on its own router
+Each runs through the rollback probe (drills.drill.probe) on the embedded cluster at that version, on its own router
 (Istio or nginx: drills.routers), in a namespace of its own, and becomes one comparison: predicted vs observed peak canary weight while the revived ReplicaSet is
 partial, and the pods that carried it.  A shape is probed at fewer replicas when its replicas would make the
 probe long, but only at a count whose prediction has the same rule, peak and exposure; pause durations are
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from .. import routers
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
-from ..ledger import FAIL, INCONCLUSIVE, PASS
-from ..probe import run_probe
-from ..shapes import RolloutSpec
+from ..record.ledger import FAIL, INCONCLUSIVE, PASS
+from ..drill.probe import run_probe
+from ..drill.shapes import RolloutSpec
 from .model import steps_text
 from .predict import NOT_APPLICABLE_RULES, predict
 from .records import Record

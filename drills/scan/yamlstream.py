@@ -1,4 +1,4 @@
-"""A fast, line-keeping reader of Kubernetes objects in YAML streams, under the input budget (drills.inputs).
+"""A fast, line-keeping reader of Kubernetes objects in YAML streams, under the input budget (drills.core.inputs).
 
 libyaml's parser emits events with line marks quickly; building every node of every document in Python is
 what makes a plain load slow (and a compose slower still).  This reader walks the events once and builds only
@@ -23,7 +23,7 @@ import yaml
 from yaml.events import (AliasEvent, DocumentEndEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent,
                          ScalarEvent, SequenceEndEvent, SequenceStartEvent)
 
-from ..inputs import MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_DEPTH
+from ..core.inputs import MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_DEPTH
 from .model import ScanInputError
 
 try:

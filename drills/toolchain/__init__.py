@@ -5,10 +5,4 @@ Each component is built through a wrapper module generated from the target's own
 into ``$DRILLS_CACHE/<component>/<version>/``.  A build that already has its stamp file is a no-op.
 """
 from .build import CorruptBinary, Toolchain, check_built, sha256_file  # noqa: F401
-from .components import (  # noqa: F401
-    BuildError,
-    Component,
-    UnknownVersion,
-    components_for,
-    resolve_controller_versions,
-)
+from .components import BuildError, Component, UnknownVersion, components_for, resolve_controller_versions  # noqa: F401

@@ -17,22 +17,15 @@ from typing import Callable
 
 import yaml
 
-from .. import config
-from ..errors import BadInput
+from ..core import config
+from ..core.errors import BadInput
 from ..routers import ISTIO
-from ..procs import die_with_parent
+from ..core.procs import die_with_parent
 from .locks import _RUNNING, _RUNNING_LOCK, WAITS, build_jobs, check_jobs, hold_any  # noqa: F401 (WAITS: read here)
 from .modsource import ModuleUnavailable, go_env, module_source
 from .components import (
-    BuildError,
-    Component,
-    components_for,
-    optional_components,
-    parse_gomod,
-    require_go,
-    rollouts_component,
-    user_built_component,
-    wrapper_gomod,
+    BuildError, Component, components_for, optional_components, parse_gomod, require_go, rollouts_component,
+    user_built_component, wrapper_gomod
 )
 
 

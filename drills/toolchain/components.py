@@ -9,9 +9,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from .. import config
-from ..errors import BadInput
-from ..procs import run_bounded
+from ..core import config
+from ..core.errors import BadInput
+from ..core.procs import run_bounded
 
 
 class BuildError(RuntimeError):

@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BadInput
+from ..core.errors import BadInput
 from .components import BuildError
-from ..wait import until
+from ..core.wait import until
 
 WAIT_PROGRESS_S = 30.0             # a progress line this often while another process builds what is needed
 LOCK_POLL_S = 0.5

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .. import config
-from ..procs import run_bounded
+from ..core import config
+from ..core.procs import run_bounded
 
 DOWNLOAD_TIMEOUT_S = 900.0          # a module zip and, once per machine, the newer toolchain (~76 MB)
 MAX_JSON_BYTES = 1 << 20

@@ -8,8 +8,8 @@
 """
 import pytest
 
-from drills.branches import BACKWARD, END, MID
-from drills.ledger import NOT_APPLICABLE
+from drills.drill.branches import BACKWARD, END, MID
+from drills.record.ledger import NOT_APPLICABLE
 
 pytestmark = pytest.mark.lane("order")
 

@@ -9,11 +9,12 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from drills import safety, timeline
+from drills.drill import safety
+from drills.record import timeline
 from drills.cluster.availability import Availability
-from drills.recorder import audit_route_writes
-from drills.rollout import GROUP, PLURAL, VERSION
-from drills.wait import WaitTimeout, until
+from drills.record.recorder import audit_route_writes
+from drills.kube.rollout import GROUP, PLURAL, VERSION
+from drills.core.wait import WaitTimeout, until
 
 # status fields a restore gives back (counts, revision hashes, step, abort, weights); observedGeneration moves
 # with every spec write and is checked as "observed the latest spec" instead

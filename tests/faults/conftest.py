@@ -15,8 +15,8 @@ from checks import World, assert_restored, cluster_whole, lease_of, ledger_rows,
 from faultkit import DrillProc, RolloutWatch, app_image, steps_of
 
 from drills.cluster.availability import Availability
-from drills.rollout import HASH_LABEL, healthy, healthy_at
-from drills.steps import cut_final_full_weight
+from drills.kube.rollout import HASH_LABEL, healthy, healthy_at
+from drills.core.steps import cut_final_full_weight
 
 # the runbook steps of the live drill, in order, as its ledger names them; a case interrupted in one of them
 # must have no `pass` row for it or any later one

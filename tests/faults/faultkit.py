@@ -2,7 +2,7 @@
 the embedded cluster's own processes killed, restarted and paused, etcd compacted, a TCP proxy in front of the
 apiserver that a case cuts or silences, and a watch of the drilled Rollout that names the drill's phases.
 
-Every wait is a named condition (drills.wait.until, tenacity); nothing here sleeps for a fixed time.
+Every wait is a named condition (drills.core.wait.until, tenacity); nothing here sleeps for a fixed time.
 """
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import yaml
 
-from drills.procs import cmdline, listening_ports_of, pid_alive
-from drills.rollout import GROUP, PLURAL, VERSION
-from drills.wait import until
-from drills.watching import ListWatch
+from drills.core.procs import cmdline, listening_ports_of, pid_alive
+from drills.kube.rollout import GROUP, PLURAL, VERSION
+from drills.core.wait import until
+from drills.kube.watching import ListWatch
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -156,7 +156,7 @@ class DrillProc:
 
 # --- the Rollout, watched ------------------------------------------------------------------------------------
 class RolloutWatch:
-    """The drilled Rollout as a watch delivers it (drills.watching), for phase conditions."""
+    """The drilled Rollout as a watch delivers it (drills.kube.watching), for phase conditions."""
 
     def __init__(self, api, namespace: str, name: str):
         from kubernetes import client

@@ -7,8 +7,8 @@ from pathlib import Path
 from checks import unsupported_passes
 from kubernetes import client
 
-from drills import timeline
-from drills.rollout import HASH_LABEL
+from drills.record import timeline
+from drills.kube.rollout import HASH_LABEL
 
 
 def hold_through(s, drill, phase: str) -> None:

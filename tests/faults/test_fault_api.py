@@ -9,9 +9,9 @@ import pytest
 from checks import lease_of, rollout_writes
 from faultkit import ApiProxy, api_address, app_image, steps_of
 
-from drills import safety
-from drills.kube import new_client
-from drills.rollout import Rollouts
+from drills.drill import safety
+from drills.kube.api import new_client
+from drills.kube.rollout import Rollouts
 
 pytestmark = pytest.mark.single_version
 

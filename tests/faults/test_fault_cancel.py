@@ -22,11 +22,11 @@ import pytest
 from checks import World
 from faultkit import DrillProc
 
-from drills import config
+from drills.core import config
 from drills.cluster import EmbeddedCluster, remains
 from drills.toolchain import Toolchain, components_for
-from drills.ledger import INCONCLUSIVE, read_rows
-from drills.wait import until
+from drills.record.ledger import INCONCLUSIVE, read_rows
+from drills.core.wait import until
 
 pytestmark = pytest.mark.single_version
 LEG = "--drills-run-id"           # what a leg's pytest has on its command line

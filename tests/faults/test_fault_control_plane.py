@@ -11,7 +11,7 @@ from faultkit import Paused, kill_registered, restart_registered
 from kubernetes import client
 from riding import ends_whole, hold_through
 
-from drills.wait import until
+from drills.core.wait import until
 
 pytestmark = pytest.mark.single_version
 

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from drills.wait import until
+from drills.core.wait import until
 
 pytestmark = pytest.mark.single_version
 

@@ -12,8 +12,8 @@ from faultkit import RolloutWatch, app_image, kill_registered
 
 from drills.lanes import LaneContext
 from drills.lanes import get as lane_class
-from drills.ledger import Ledger
-from drills.wait import until
+from drills.record.ledger import Ledger
+from drills.core.wait import until
 
 pytestmark = pytest.mark.single_version
 

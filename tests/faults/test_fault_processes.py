@@ -19,9 +19,9 @@ from checks import World, cluster_whole
 from faultkit import PROJECT, DrillProc, kill_registered, restart_registered
 
 from drills.cluster.availability import Availability
-from drills.procs import pid_alive
+from drills.core.procs import pid_alive
 from drills.toolchain import Toolchain, components_for
-from drills.wait import until
+from drills.core.wait import until
 
 pytestmark = pytest.mark.single_version
 

@@ -11,7 +11,7 @@ import pytest
 from checks import lease_of
 from riding import journal_named, phase_holds, slow_stable
 
-from drills import safety
+from drills.drill import safety
 
 pytestmark = pytest.mark.single_version
 

@@ -15,9 +15,9 @@ from checks import World
 from faultkit import DrillProc
 from riding import phase_holds
 
-from drills import safety
+from drills.drill import safety
 from drills.cluster.availability import Availability
-from drills.wait import until
+from drills.core.wait import until
 
 pytestmark = pytest.mark.single_version
 
