@@ -26,7 +26,7 @@ from kubernetes import client
 from drills.core import config
 from drills.drill.safety import NAMESPACE_LABEL_VALUE
 from drills.cluster import EmbeddedCluster
-from drills.drill.probe import ProbeSpec, install
+from drills.drill.shapes import RolloutSpec as ProbeSpec, install
 from drills.kube.rollout import Predicate, WaitTimeout, healthy, paused, promote_taken, summarize_rollout
 
 STEPS = [{"setWeight": 50}, {"pause": {}}]

@@ -343,7 +343,7 @@ CLUSTER_FIXTURES = ("cluster", "drills_cluster")     # every fixture that needs 
 TOOLCHAIN_MARKS = ("Toolchain(", "EmbeddedCluster(", "components_for(", "ensure_binary(", '"probe"', '"up"')
 # a file that renders charts (fleet scans, chart folders, render-diff) runs helm: its tests wait for helm's build
 # in-process first (drills.toolchain's lock, said in the log), never inside a command's subprocess timeout
-HELM_MARKS = ('"--fleet"', "Chart.yaml", '"render-diff"', "helm_binary(", "drills.charts.helm", "from drills import helm")
+HELM_MARKS = ('"--fleet"', "Chart.yaml", '"render-diff"', "helm_binary(", "drills.charts.helm", "from drills.charts import helm")
 _HELM_READY: list[bool] = []
 
 

@@ -1,7 +1,7 @@
 """The target cluster: the embedded default (kwokctl binary runtime + the real rollouts controller)
 or a live cluster reached through a kubeconfig."""
 from .availability import Availability  # noqa: F401
-from .embedded import (
+from .embedded import (  # noqa: F401
     ClusterError,
     ClusterInputError,
     ClusterInUse,
@@ -9,4 +9,4 @@ from .embedded import (
     EmbeddedCluster,
     free_port,
     pid_alive,
-)  # noqa: F401
+)

@@ -27,7 +27,7 @@ import fnmatch
 import re
 
 from ..core import config
-from .ledger import (
+from .ledger import (  # noqa: F401  (make_id: the one way an id is made, importable here)
     FAIL,
     HAZARD,
     HOLDS,
@@ -39,7 +39,7 @@ from .ledger import (
     UNVERIFIED,
     finite_number,
     make_id,
-)  # noqa: F401  (make_id: the one way an id is made, importable here)
+)
 from ..core.steps import last_set_weight, parse_steps
 
 YES, NO, OPEN, UNANSWERED = "yes", "no", "inconclusive", "not answered"

@@ -9,7 +9,7 @@ single application container), or the preconditions make the drill inconclusive 
 or aborted, the rollback target ReplicaSet pruned, not scaled to 0, or outside rollbackWindow.
 
 The drill changes only the application container's image (named with --container, or found: see
-drills.rollout.app_container_name).  Every mutation is journalled; restore runs on success, failure and
+drills.core.podtemplate.app_container_name).  Every mutation is journalled; restore runs on success, failure and
 signals, and the lease stays on the Rollout until a restore finished.
 """
 from __future__ import annotations

@@ -39,7 +39,7 @@ from ..core.procs import die_with_parent, start_time
 from .run_stop import DONE, INTERRUPTED, NOT_STARTED, Stopping, interrupted_by, killed, record_unfinished  # noqa: F401
 from ..core.signals import Interrupted, SignalGuard
 from ..reporting.report import write_matrix, write_run_report
-from .run_folder import MISSING_SHOWN, link_latest, merge, verdict  # noqa: F401 (drills.runner's names)
+from .run_folder import MISSING_SHOWN, link_latest, merge, verdict  # noqa: F401 (drills.run.runner's names)
 from ..toolchain import BuildError, Toolchain, components_for
 
 STATUS_EVERY_S = 30.0

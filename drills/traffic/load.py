@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from ..core import config
-from .load_target import LoadRefused, check_live_target, check_target  # noqa: F401  (also drills.load.*)
+from .load_target import LoadRefused, check_live_target, check_target  # noqa: F401  (also drills.traffic.load.*)
 from ..record.ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NEUTRAL, PASS, UNVERIFIED
 from ..core.names import is_plain_name
 from ..core.procs import die_with_parent

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class MeshProcess:
-    """``python -m drills.traffic.mesh`` as a child process; a context manager that always stops it."""
+    """``python -m drills.traffic.mesh_server`` as a child process; a context manager that always stops it."""
 
     def __init__(self, kubeconfig, namespace: str, route: str, capacity_rps: float, folder: Path, register=None,
                  unregister=None, pod_selector: str | None = None, faults_configmap: str | None = None,
