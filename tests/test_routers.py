@@ -33,9 +33,11 @@ def test_dispatch_is_by_the_traffic_routing_key_as_the_controller_does():
     assert routers.of_record({}) is routers.ISTIO          # a timeline from before routers were a dimension
     assert routers.parse_names(None) == ["istio"]
     assert routers.parse_names("nginx,istio,nginx") == ["nginx", "istio"]
-    assert routers.parse_names("all") == list(routers.NAMES)
-    with pytest.raises(BadInput, match="choose from istio, nginx"):
+    assert routers.parse_names("all") == list(routers.NAMES) == routers.parse_names("all,istio")
+    with pytest.raises(BadInput, match="choose from istio, nginx, or all"):
         routers.parse_names("traefik")
+    with pytest.raises(BadInput, match="empty .an unset variable"):      # never taken for the default
+        routers.parse_names(" , ")
 
 
 def test_nginx_manifests_route_by_the_two_services_and_one_stable_ingress():
@@ -175,6 +177,10 @@ def test_the_router_is_a_run_dimension_of_legs_rows_and_labels(tmp_path):
     assert [x.id for x in legs.plan(["v1.8.2"], ["a", "b"], router_names=["nginx"])] == ["v1.8.2/a/stage/nginx"]
     with pytest.raises(BadInput, match="lane b runs on istio, not on nginx"):      # b named by itself: refused
         legs.plan(["v1.8.2"], ["a", "b"], router_names=["nginx"], named=True)
+    # `all` routers: each lane on the routers it runs on, never refused for one of them
+    opts = legs.router_options("b", "all")
+    assert [x.id for x in legs.plan(["v1.8.2"], ["b"], **opts)] == ["v1.8.2/b/stage"]
+    assert legs.router_options("all,a", "nginx")["named"] is False and legs.router_options("a,b", None)["named"]
     assert legs.split_router("v1.8.2/a/stage/nginx") == ("v1.8.2/a/stage", "nginx")
     assert legs.split_router("v1.8.2/a/stage") == ("v1.8.2/a/stage", "istio")
     led = Ledger(tmp_path, "r1", "embedded", "v1.8.2", router="nginx")
@@ -188,3 +194,38 @@ def test_the_router_is_a_run_dimension_of_legs_rows_and_labels(tmp_path):
     for leg in plan[:2]:
         got = legs.rows_of(orphans, leg.to_dict())
         assert [r["router"] for r in got] == [leg.router], (leg.id, got)
+
+
+def _nginx_rollout(**canary_over) -> dict:
+    canary = {"canaryService": "c", "stableService": "s", "minPodsPerReplicaSet": 1,
+              "trafficRouting": {"nginx": {"stableIngress": "web"}},
+              "steps": [{"setWeight": 5}, {"pause": {"duration": "10s"}}, {"setWeight": 100}]}
+    canary.update(canary_over)
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"replicas": 2, "rollbackWindow": {"revisions": 3}, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [
+                         {"name": "app", "image": "x:1"}]}}, "strategy": {"canary": canary}}}
+
+
+@pytest.mark.parametrize("over, why", [
+    ({"canaryService": None}, "without both canaryService and stableService"),
+    ({"trafficRouting": {"nginx": {}}}, "neither of stableIngress and stableIngresses"),
+    ({"trafficRouting": {"nginx": {"stableIngress": "a", "stableIngresses": ["b"]}}},
+     "both of stableIngress and stableIngresses"),
+])
+def test_the_scan_refuses_an_nginx_routing_the_controller_refuses(over, why, tmp_path):
+    """The controller's validation (InvalidSpec, Degraded, nothing reconciled; seen on v1.8.2): no exposure is
+    predicted for a Rollout that never rolls out, and the lint says why."""
+    from drills.scan.advice import INVALID_SPEC, lint
+    from drills.scan.model import from_object
+    from drills.scan.predict import predict
+    from drills.scan.sources import facts_for
+    ro = from_object(_nginx_rollout(**over), "x.yaml")
+    pred = predict(ro, facts_for("v1.8.2"))
+    assert pred.rule == "invalid-spec" and why in pred.text and pred.peak is None, pred
+    assert [f.rule for f in lint(ro, facts_for("v1.8.2")) if f.rule == INVALID_SPEC] == [INVALID_SPEC]
+    good = predict(from_object(_nginx_rollout(), "x.yaml"), facts_for("v1.8.2"))
+    assert good.rule != "invalid-spec" and good.peak == 100
+    # `istio: {}` is Istio, as the controller checks the field is set
+    assert from_object(_nginx_rollout(trafficRouting={"istio": {}}, canaryService=None, stableService=None),
+                       "x.yaml").router == "istio"

@@ -31,7 +31,6 @@ from ..drill.probe import controller_log_of, observation_dict, run_probe
 from ..record.recorder import watch_rollout
 from ..charts.renderdiff import render_diff
 from ..drill.lease import release_lease
-from ..routers import parse_names as parse_routers
 from ..drill.safety import LEASE_ANNOTATION, restore_journal
 from . import scan as scan_command
 from ..drill.shapes import RolloutSpec
@@ -202,11 +201,12 @@ def cmd_run(args) -> int:
             return run_live_b(args, duration)
         return run_live(args)
     binary = _binary(args)
+    ropts = legs.router_options(args.lanes, args.router)     # bad --router: exit 2 before anything is written
     if not args.plan:
         reports_folder()
     versions = [binary.release] if binary else resolve_controller_versions(args.controller)
     plan = legs.plan(versions, keys, args.variant or "stage", label=binary.label if binary else None,
-                     router_names=parse_routers(args.router), named=bool(args.lanes) and args.lanes.strip() != "all")
+                     **ropts)
     left = [k for k in keys if k not in {x.lane for x in plan}]
     if left:        # `all` lanes on a router some of them do not run on: said, never silently fewer
         print(f"drills: lane(s) {', '.join(left)} run on {routers_of(left)} only: not in this run (--router "

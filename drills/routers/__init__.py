@@ -42,18 +42,18 @@ def of_record(rollout: dict) -> TrafficRouter:
 
 
 def parse_names(text: str | None) -> list[str]:
-    """``--router istio,nginx`` (or ``all``): known names, in the order given, each once."""
-    if not text:
+    """``--router istio,nginx`` (``all``: every router): known names, in the order given, each once; None (the
+    flag left out): the default.  An empty value is an unset variable, never the default."""
+    if text is None:
         return [DEFAULT]
-    if text.strip() == "all":
-        return list(NAMES)
-    out = []
+    out: list[str] = []
     for name in (x.strip() for x in text.split(",")):
         if not name:
             continue
-        get(name)
-        if name not in out:
-            out.append(name)
+        if name != "all" and name not in ROUTERS:
+            raise BadInput(f"--router {text!r}: {name!r} is no router: choose from {', '.join(NAMES)}, or all")
+        out += [n for n in (NAMES if name == "all" else (name,)) if n not in out]
     if not out:
-        raise BadInput(f"--router {text!r}: name one of {', '.join(NAMES)}")
+        raise BadInput(f"--router {text!r}: empty (an unset variable?); name {', '.join(NAMES)} or all, or leave "
+                       f"the flag out for the default ({DEFAULT})")
     return out

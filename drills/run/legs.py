@@ -67,8 +67,16 @@ def lane_variants(lane: str, mode: str) -> tuple[str, ...]:
     return (mode,) if mode in have else have[:1]
 
 
+def router_options(lanes_text: str | None, router_text: str | None) -> dict:
+    """``plan``'s router arguments from ``--lanes`` and ``--router`` as given: the routers; whether the lanes were
+    named one by one (no ``all`` among them); whether ``all`` routers were asked for."""
+    lanes_given = {t.strip() for t in (lanes_text or "").split(",")}
+    return {"router_names": routers.parse_names(router_text), "named": bool(lanes_text) and "all" not in lanes_given,
+            "every_router": "all" in {t.strip() for t in (router_text or "").split(",")}}
+
+
 def plan(versions: list[str], lanes: list[str], mode: str = "stage", label: str | None = None,
-         router_names: list[str] | None = None, named: bool = False) -> list[Leg]:
+         router_names: list[str] | None = None, named: bool = False, every_router: bool = False) -> list[Leg]:
     """Versions as given, then lanes in order, each lane's variants, then routers; a lane runs on the routers its
     Runbook names (``routers``).  Routers asked for that no lane asked for runs on: BadInput; ``named`` (the lanes
     were named one by one, not ``all``): a lane that runs on none of the routers asked for is BadInput too."""
@@ -79,7 +87,7 @@ def plan(versions: list[str], lanes: list[str], mode: str = "stage", label: str 
     if named and idle:
         raise BadInput(f"--lanes {','.join(idle)}: " + "; ".join(
             f"lane {k} runs on {', '.join(REGISTRY[k].routers)}" for k in idle) + f", not on {', '.join(names)}")
-    for name in names:
+    for name in ([] if every_router else names):
         if not any(name in REGISTRY[lane].routers for lane in lanes):
             raise BadInput(f"--router {name}: none of the lanes {', '.join(lanes)} runs on it (lanes that do: "
                            f"{', '.join(k for k, c in REGISTRY.items() if name in c.routers) or 'none'})")

@@ -132,6 +132,8 @@ def lint(ro: ScannedRollout, facts: VersionFacts | None, safe: dict | None = Non
         where = f", {facts.line('step-one-of').ref()}" if facts is not None else ""
         out.append(Finding(INVALID_SPEC, ERROR, f"{problem}: the controller's validation refuses the spec "
                            f"(InvalidSpec{where}) and reconciles nothing", i, line, file))
+    out += [Finding(INVALID_SPEC, ERROR, f"{problem}: the controller's validation refuses the spec (InvalidSpec) "
+                                         f"and reconciles nothing", None, ro.line, ro.file) for problem in ro.spec_invalid]
     if ro.strategy != "canary" or ro.rejected:
         return out
     i, w = last_set_weight_step(ro.steps)

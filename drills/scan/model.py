@@ -69,6 +69,7 @@ class ScannedRollout:
     controller_version: str = ""
     origin: dict = field(default_factory=dict)       # env, app, component, cluster, ...
     invalid: list = field(default_factory=list)      # what the controller's validation refuses (InvalidSpec)
+    spec_invalid: list = field(default_factory=list)  # the same for the routing (a step-less problem)
     background_analysis: bool = False                # spec.strategy.canary.analysis with templates
     schema_findings: list = field(default_factory=list)   # drills.scan.schema: fields the CRD prunes or rejects
     schema_unavailable: str | None = None            # why the version's CRD schema could not be had (not checked)
@@ -133,7 +134,7 @@ def routing_of(canary: dict) -> tuple[str, str]:
     if not tr:
         return "none", ""
     istio = tr.get("istio")
-    if istio:
+    if isinstance(istio, dict):          # `istio: {}` is Istio (the controller checks the field is set)
         if canary.get("canaryService") or canary.get("stableService"):
             return "host", "istio"
         if istio.get("destinationRule"):
@@ -141,6 +142,23 @@ def routing_of(canary: dict) -> tuple[str, str]:
         return "other", "istio"
     names = [k for k in tr if k in _OTHER_ROUTERS]
     return "other", (names[0] if names else "unknown")
+
+
+def routing_invalid(canary: dict) -> list[str]:
+    """What the controller's validation refuses in an nginx routing (pkg/apis/rollouts/validation, the same at
+    v1.8.2 and v1.10.2): both canaryService and stableService, and exactly one of stableIngress and
+    stableIngresses."""
+    tr = canary.get("trafficRouting")
+    nginx = tr.get("nginx") if isinstance(tr, dict) else None
+    if not isinstance(nginx, dict):
+        return []
+    out = []
+    if not canary.get("canaryService") or not canary.get("stableService"):
+        out.append("trafficRouting.nginx without both canaryService and stableService")
+    if bool(nginx.get("stableIngress")) == bool(nginx.get("stableIngresses")):
+        out.append("trafficRouting.nginx with " + ("both" if nginx.get("stableIngress") else "neither") +
+                   " of stableIngress and stableIngresses")
+    return out
 
 
 def check_steps(steps, file, line, step_lines=(), max_weight: int = 100) -> list:
@@ -243,6 +261,7 @@ def from_object(obj: dict, source: str, file: str | None = None, line: int | Non
         min_pods=min_pods, rollback_window=window, rpt=rpt, dss=canary.get("dynamicStableScale") is True,
         max_weight=max_weight, scale_down_delay=delay, strategy=kind, file=file, line=line, steps_file=file,
         step_lines=step_lines, steps_line=lines.get(steps_path), origin={}, invalid=invalid_steps(steps),
+        spec_invalid=routing_invalid(canary) if kind == "canary" else [],
         background_analysis=isinstance(analysis, dict) and bool(analysis.get("templates")), raw=obj, lines=lines,
         replicas_given="replicas" in spec)
 

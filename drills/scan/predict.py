@@ -148,6 +148,9 @@ def predict(ro: ScannedRollout, facts: VersionFacts) -> Prediction:
     if ro.invalid:
         return _na(INVALID, f"{'; '.join(ro.invalid)}: the controller refuses the spec (InvalidSpec, "
                             f"{facts.line('step-one-of').ref()}) and reconciles nothing", ro, facts, "step-one-of")
+    if ro.spec_invalid:
+        return _na(INVALID, f"{'; '.join(ro.spec_invalid)}: the controller refuses the spec (InvalidSpec) and "
+                            f"reconciles nothing", ro, facts)
     if ro.routing == "none":
         return _na(BASIC, "no trafficRouting: a basic canary has no weight to write (traffic follows pod "
                           "counts)", ro, facts)
