@@ -490,8 +490,8 @@ def cmd_lanes(args) -> int:
         return EXIT_OK
     for r in rows:
         print(f"{r['key']:<6} {r['title']}\n       data {r['data']}; tests {r['tests']}; versions "
-              f"{', '.join(r['versions']) or 'none'}" + (f"; unverified {', '.join(r['unverified'])}"
-                                                        if r["unverified"] else ""))
+              f"{', '.join(r['versions']) or 'none'}; routers {', '.join(r['routers'])}" + (
+                  f"; unverified {', '.join(r['unverified'])}" if r["unverified"] else ""))
     return EXIT_OK
 
 
