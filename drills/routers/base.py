@@ -99,6 +99,21 @@ class TrafficRouter:
         raise NotImplementedError
 
 
+def service_manifest(name: str, namespace: str, labels: dict) -> dict:
+    """A drill's Service: port 80 to the pods' 8080, selecting ``labels`` (the controller adds the hash to a
+    canaryService's and a stableService's selector)."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"selector": dict(labels), "ports": [{"port": 80, "targetPort": 8080, "name": "http"}]}}
+
+
+def services_watch(namespace: str) -> Watch:
+    """The mesh emulator's watch of the namespace's Services (a host route's pods are its Service's)."""
+    def call(api):
+        from kubernetes import client        # imported when used: the command line needs none
+        return client.CoreV1Api(api).list_namespaced_service, (namespace,), {}
+    return Watch("services", call)
+
+
 def service_labels(services: dict[str, dict], name: str) -> dict | None:
     """The selector of the Service ``name`` among the watched ones (None: not found, or it selects nothing)."""
     svc = services.get(name)

@@ -12,7 +12,7 @@ import bisect
 import threading
 
 
-from .base import Route, Source, TrafficRouter, Watch, esc, fqdn, service_labels
+from .base import Route, Source, TrafficRouter, Watch, esc, fqdn, service_labels, service_manifest, services_watch
 
 GROUP = "networking.istio.io"
 VERSION = "v1alpha3"
@@ -26,11 +26,6 @@ DURATION = "istio_request_duration_milliseconds"
 
 
 # --- manifests ---------------------------------------------------------------------------------------------
-def _service(name: str, namespace: str, labels: dict) -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"selector": dict(labels), "ports": [{"port": 80, "targetPort": 8080, "name": "http"}]}}
-
-
 def _manifests(spec, namespace: str, labels: dict, canary: dict) -> tuple[list, list]:
     n = spec.name
     istio: dict = {"virtualService": {"name": n, "routes": ["primary"]}}
@@ -38,7 +33,7 @@ def _manifests(spec, namespace: str, labels: dict, canary: dict) -> tuple[list, 
     objects = []
     if spec.routing == "subset":
         istio["destinationRule"] = {"name": n, "canarySubsetName": "canary", "stableSubsetName": "stable"}
-        services = [_service(n, namespace, labels)]
+        services = [service_manifest(n, namespace, labels)]
         route = [{"destination": {"host": n, "subset": "stable"}, "weight": 100},
                  {"destination": {"host": n, "subset": "canary"}, "weight": 0}]
         objects.append({"apiVersion": f"{GROUP}/{VERSION}", "kind": "DestinationRule",
@@ -47,7 +42,7 @@ def _manifests(spec, namespace: str, labels: dict, canary: dict) -> tuple[list, 
                                                         {"name": "stable", "labels": {"app.kubernetes.io/name": n}}]}})
     else:
         canary["canaryService"], canary["stableService"] = f"{n}-canary", f"{n}-stable"
-        services = [_service(s, namespace, labels) for s in (f"{n}-canary", f"{n}-stable")]
+        services = [service_manifest(s, namespace, labels) for s in (f"{n}-canary", f"{n}-stable")]
         route = [{"destination": {"host": f"{n}-stable"}, "weight": 100},
                  {"destination": {"host": f"{n}-canary"}, "weight": 0}]
     objects.append({"apiVersion": f"{GROUP}/{VERSION}", "kind": "VirtualService",
@@ -269,8 +264,8 @@ class Istio(TrafficRouter):
         def custom(plural):
             return lambda api: (client.CustomObjectsApi(api).list_namespaced_custom_object,
                                 (GROUP, VERSION, namespace, plural), {"field_selector": f"metadata.name={name}"})
-        return [Watch("virtualservice", custom("virtualservices")), Watch("destinationrule", custom("destinationrules")),
-                Watch("services", lambda api: (client.CoreV1Api(api).list_namespaced_service, (namespace,), {}))]
+        return [Watch("virtualservice", custom("virtualservices")),
+                Watch("destinationrule", custom("destinationrules")), services_watch(namespace)]
 
     def route_table(self, objects, name):
         return route_table(objects.get("virtualservice", {}).get(name), objects.get("destinationrule", {}).get(name),

@@ -6,15 +6,15 @@ pod-template-hash the controller writes (rollout/service.go): the canaryService 
 its first available pod, so there is no readiness guard on the weight.
 
 The canary/stable weights are read from the canary Ingress's annotations as written (``canary-weight``, and the
-rest of ``canary-weight-total``, 100 by default), the emulated data path sends that share to the canary Ingress's backend
-and the rest to the stable one's, as ingress-nginx does for a canary Ingress on the same host and path.
+rest of ``canary-weight-total``, 100 by default); the emulated data path sends that share to the canary Ingress's
+backend and the rest to the stable one's, as ingress-nginx does for a canary Ingress on the same host and path.
 """
 from __future__ import annotations
 
 import threading
 
 
-from .base import Route, Source, TrafficRouter, Watch, esc, service_labels
+from .base import Route, Source, TrafficRouter, Watch, esc, service_labels, service_manifest, services_watch
 
 GROUP = "networking.k8s.io"
 VERSION = "v1"
@@ -36,9 +36,7 @@ def _manifests(spec, namespace: str, labels: dict, canary: dict) -> tuple[list, 
     n = spec.name
     canary["canaryService"], canary["stableService"] = f"{n}-canary", f"{n}-stable"
     canary["trafficRouting"] = {"nginx": {"stableIngress": n}}
-    services = [{"apiVersion": "v1", "kind": "Service", "metadata": {"name": s, "namespace": namespace},
-                 "spec": {"selector": dict(labels), "ports": [{"port": 80, "targetPort": 8080, "name": "http"}]}}
-                for s in (f"{n}-canary", f"{n}-stable")]
+    services = [service_manifest(s, namespace, labels) for s in (f"{n}-canary", f"{n}-stable")]
     ingress = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Ingress", "metadata": {"name": n, "namespace": namespace},
                "spec": {"ingressClassName": INGRESS_CLASS,
                         "rules": [{"host": f"{n}.drills.local", "http": {"paths": [
@@ -193,7 +191,7 @@ class Nginx(TrafficRouter):
     def watches(self, namespace, name):
         from kubernetes import client        # imported when used: the command line needs none
         return [Watch("ingresses", lambda api: (client.NetworkingV1Api(api).list_namespaced_ingress, (namespace,), {})),
-                Watch("services", lambda api: (client.CoreV1Api(api).list_namespaced_service, (namespace,), {}))]
+                services_watch(namespace)]
 
     def route_table(self, objects, name):
         return route_table(objects.get("ingresses", {}), objects.get("services", {}), name)
