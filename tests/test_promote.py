@@ -1,4 +1,5 @@
-"""A plain promote the controller does not take is sent again as the plugin would, and never twice.
+"""A plain promote the controller does not take is sent again as the plugin would, and never twice; a spec
+generation it leaves unobserved is announced again, once, leaving no annotation behind.
 
 Controllers before v1.10.0 can lose a promote in their informer cache (writeBackToInformer; see
 drills.kube.rollout.promote_and_wait and benchmarks/bench_promote_race.py).  Here the controller process itself is
@@ -13,7 +14,7 @@ import signal
 import pytest
 
 from drills.drill.shapes import RolloutSpec, install
-from drills.kube.rollout import Predicate, WaitTimeout, healthy, paused
+from drills.kube.rollout import RESYNC_ANNOTATION, Predicate, WaitTimeout, healthy, paused
 
 
 def _controller_pid(cluster) -> int:
@@ -73,3 +74,32 @@ def test_a_second_promote_that_would_pass_another_pause_is_not_sent(kube, namesp
     assert _promote_bodies(ro) == [{"pauseConditions": None}]
     # the controller, back, takes the one promote sent: it stops at the next pause, not past it
     ro.wait("two", _paused_at(2), 60)
+
+
+def test_a_spec_generation_left_unobserved_is_announced_again_once(kube, namespace, cluster):
+    spec = RolloutSpec(steps=[], replicas=1, name="gen", rollback_window=None)
+    ro = install(kube, namespace, spec)
+    ro.wait("gen", healthy(), 90)
+    ro.set_image("gen", "registry.local/gen:v2")
+    ro.wait("gen", healthy(), 90)
+    assert not [r for r in ro.requests if r["action"] == "resync"]      # a prompt controller: never announced
+    pid = _controller_pid(cluster)
+    said = []
+
+    def log(line):
+        said.append(line)
+        if "announcing it again" in line:
+            os.kill(pid, signal.SIGCONT)        # the controller comes back after the announcement
+    ro.log = log
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        gen = ro.set_image("gen", "registry.local/gen:v3")["metadata"]["generation"]
+        done = ro.wait("gen", Predicate("Healthy at v3", lambda o: healthy()(o) and
+                                        o["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":v3")),
+                       90, observe_within=3)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    resyncs = [r["body"]["metadata"]["annotations"][RESYNC_ANNOTATION] for r in ro.requests if r["action"] == "resync"]
+    assert resyncs == [str(gen), None], ro.requests
+    assert [line for line in said if f"has not observed generation {gen}" in line], said
+    assert RESYNC_ANNOTATION not in (done["metadata"].get("annotations") or {})

@@ -95,3 +95,24 @@ def test_kwokctl_runs_bounded_and_answers():
     from drills.cluster import EmbeddedCluster
     r = EmbeddedCluster("h22-bounded", log=lambda m: None)._kwokctl("--version", timeout=60)
     assert r.returncode == 0 and config.KWOK_VERSION in r.stdout + r.stderr, (r.stdout, r.stderr)
+
+
+def test_an_error_in_a_fleet_scan_kills_the_helm_children_its_workers_wait_for():
+    """The main thread leaving the worker pool (an error, or a signal) takes the children the worker threads
+    wait for with it before the work tree goes: nothing writes into a folder being removed."""
+    import types
+
+    from drills.core import procs
+    from drills.scan.fleet import FleetScan
+    started: list[int] = []
+
+    def fn(item):
+        if item == "fails":
+            until("the other worker's child to start", lambda: procs._running, timeout=30)
+            started.extend(p.pid for p in procs._running)
+            raise ValueError("a render failed")
+        procs.run_bounded(["sleep", "120"], timeout=300)
+    with pytest.raises(ValueError, match="a render failed"):
+        FleetScan._each(types.SimpleNamespace(workers=2), fn, ["fails", "sleeps"])
+    assert len(started) == 1 and not pid_alive(started[0])
+    assert not procs._running

@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -227,12 +228,35 @@ def run_bounded(cmd: list[str], timeout: float, env: dict | None = None, cwd: st
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
                             start_new_session=True, preexec_fn=die_with_parent)
+    with _running_lock:
+        _running[proc] = threading.get_ident()
     try:
         out, err = proc.communicate(input, timeout=timeout)
     except BaseException:
         kill_group(proc)
         raise
+    finally:
+        with _running_lock:
+            _running.pop(proc, None)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+_running: dict[subprocess.Popen, int] = {}     # run_bounded children not yet reaped -> the thread waiting
+_running_lock = threading.Lock()
+
+
+def kill_running(threads: set[int]) -> int:
+    """SIGKILL the process group of every run_bounded child still running that one of ``threads`` waits for (a
+    signal reaches the main thread only; a worker thread's child would run on).  The waiting thread then sees
+    it end and reaps it.  Returns how many were signalled."""
+    with _running_lock:
+        procs = [p for p, t in _running.items() if t in threads and p.returncode is None]
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return len(procs)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

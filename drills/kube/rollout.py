@@ -87,6 +87,8 @@ def at_step(index: int) -> Predicate:
                      lambda ro: _observed(ro) and (ro.get("status") or {}).get("currentStepIndex") == index)
 
 
+OBSERVE_WITHIN = 20.0         # seconds a controller gets to observe a new spec generation before it is announced again
+RESYNC_ANNOTATION = "drills.dev/resync"
 PROMOTE_ACT_WITHIN = 20.0     # seconds a controller gets to take a plain promote before it is sent again
 
 
@@ -387,17 +389,47 @@ class Rollouts:
                 on_send("promote (sent again)", again)
 
     # --- waits ------------------------------------------------------------------------------------
-    def wait(self, name: str, pred: Predicate, timeout: float = 120, progress: Callable[[str], None] | None = None
-             ) -> dict:
+    # The same write-back (upstream #4694, #4073) loses a spec change: a status patch of the controller lands,
+    # the drill's Update follows, and the write-back of the patch's answer replaces the newer object in the
+    # controller's cache; it reconciles the older generation and nothing re-queues the Rollout until its
+    # resync (minutes).  A spec generation the controller has not observed after OBSERVE_WITHIN seconds is
+    # announced again by an annotation set and removed (two watch events carrying the stored spec): said,
+    # and at most once per generation.  A controller with the fix never waits that long.
+    def resync(self, name: str, generation) -> None:
+        """Make the controller's cache see the stored Rollout again: a resync annotation set, then removed."""
+        for value in (str(generation), None):
+            body = {"metadata": {"annotations": {RESYNC_ANNOTATION: value}}}
+            self.requests.append({"action": "resync", "rollout": name, "body": body})
+            if self.dry_run:
+                return
+            api_retry(lambda: self.co.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, body))()
+
+    def wait(self, name: str, pred: Predicate, timeout: float = 120, progress: Callable[[str], None] | None = None,
+             observe_within: float | None = OBSERVE_WITHIN) -> dict:
         """Wait on a watch of the Rollout until ``pred`` holds (drills.kube.watching: resumes and relists by itself);
-        WaitTimeout naming the wait and the Rollout as last seen."""
+        WaitTimeout naming the wait and the Rollout as last seen.  A generation the controller leaves unobserved
+        for ``observe_within`` seconds is announced again (``resync``; None: never)."""
         last: list = [None]
         note = [time.monotonic() + 15]
+        unobserved: dict = {}          # generation -> when first seen unobserved (None once announced again)
+
+        def announce(obj) -> None:
+            if observe_within is None or obj is None or _observed(obj):
+                return
+            gen = obj["metadata"].get("generation")
+            since = unobserved.setdefault(gen, time.monotonic())
+            if since is not None and time.monotonic() - since >= observe_within:
+                unobserved[gen] = None
+                self.log(f"the controller has not observed generation {gen} of {self.ns}/{name} after "
+                         f"{observe_within:.0f}s ({summarize_rollout(obj)}); announcing it again (resync "
+                         f"annotation set and removed: upstream #4073, a stale write-back into its cache)")
+                self.resync(name, gen)
 
         def seen(obj):
             last[0] = obj
             if pred(obj):
                 return True
+            announce(obj)
             if progress and time.monotonic() > note[0]:
                 progress(f"waiting for {pred.name}: {summarize_rollout(obj)}")
                 note[0] = time.monotonic() + 15
@@ -405,10 +437,15 @@ class Rollouts:
 
         lw = ListWatch(self.co.list_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL,
                        field_selector=f"metadata.name={name}", timeout_seconds=30)
-        if lw.run(lambda items, rv, relisted: seen(items[0] if items else None),
-                  lambda etype, obj: seen(None if etype == "DELETED" else obj),
-                  deadline=time.monotonic() + timeout):
-            return last[0]
+        end = time.monotonic() + timeout
+        while True:         # the watch in slices, so a controller that writes nothing is still noticed
+            tick = end if observe_within is None else min(end, time.monotonic() + max(1.0, observe_within / 2))
+            if lw.run(lambda items, rv, relisted: seen(items[0] if items else None),
+                      lambda etype, obj: seen(None if etype == "DELETED" else obj), deadline=tick):
+                return last[0]
+            if time.monotonic() >= end:
+                break
+            announce(last[0])
         raise WaitTimeout(f"timed out after {timeout:g}s waiting for {pred.name} on rollout "
                           f"{self.ns}/{name}; last seen: {summarize_rollout(last[0])}", last[0])
 

@@ -22,6 +22,7 @@ from ..core import inputs
 from ..core.errors import BadInput
 from ..charts.fleet import BASE, Fleet, Workspace, base_dependency, load_values_file
 from ..charts.helm import ChartInputError, Helm, HelmError
+from ..core.procs import kill_running
 from .model import ScanInputError
 from .readers import ReadResult, display_path, rollouts_of
 from .yamlstream import objects
@@ -234,13 +235,21 @@ class FleetScan:
         return res
 
     def _each(self, fn, items: list) -> None:
-        """``fn`` over ``items`` in the worker threads; a signal (or an error) cancels what has not started, so the
-        command ends when the renders under way end, not after every queued one."""
+        """``fn`` over ``items`` in the worker threads; a signal (or an error) cancels what has not started and kills
+        the helm children under way, then waits for their threads: the command ends without running every queued
+        render, and nothing still writes into the work tree when it is removed."""
         pool = ThreadPoolExecutor(self.workers)
+        workers: set[int] = set()
+
+        def one(item):
+            workers.add(threading.get_ident())
+            return fn(item)
         try:
-            list(pool.map(fn, items))
+            list(pool.map(one, items))
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
+            kill_running(workers)
+            pool.shutdown(wait=True)
             raise
         pool.shutdown(wait=True)
 
