@@ -6,7 +6,8 @@ runs other projects' pytest sessions without its options, fixtures or start-up t
 - ``drills_controller_version``: session-scoped, parametrized over ``--drills-controller`` (default: the versions
   the test run covers); a test marked ``drills_single_version`` runs on the first of them only.
 - ``drills_cluster``: a ready embedded cluster at that version (reusing one already up at that version;
-  another version replaces it: a fresh cluster, never a controller swapped under a running one).
+  another version replaces it: a fresh cluster, never a controller swapped under a running one; lane swap
+  replaces the controller for its own steps and puts the one it found back when it closes).
 - ``drills_kube``: an API client of that cluster (drills.kube.api.new_client).
 - ``drills_namespace`` (per test) / ``drills_module_namespace`` (per module, for runbook lanes): a fresh namespace
   with the opt-in label, deleted afterwards together with its availability holds.
@@ -46,7 +47,7 @@ def defaults() -> dict:
             "drills_rollback_via": env("DRILLS_ROLLBACK_VIA", "gitops"),
             "drills_keep_cluster": bool(env("DRILLS_KEEP_CLUSTER")),
             "drills_lane_a_variant": env("DRILLS_LANE_A_VARIANT", "stage"),
-            "drills_router": env("DRILLS_ROUTER", routers.DEFAULT)}
+            "drills_router": env("DRILLS_ROUTER", routers.DEFAULT), "drills_swap_to": env("DRILLS_SWAP_TO")}
 
 
 def pytest_addoption(parser):
@@ -81,6 +82,9 @@ def pytest_addoption(parser):
     g.addoption("--drills-router", dest="drills_router", default=d["drills_router"], choices=list(routers.NAMES),
                 help=f"the traffic router the lanes' Rollouts are routed by (default {routers.DEFAULT}); a lane that "
                      f"does not run on it is skipped, saying so")
+    g.addoption("--drills-swap-to", dest="drills_swap_to", default=d["drills_swap_to"],
+                help="lane swap: the controller version the cluster's controller is replaced by (the pair is "
+                     "--drills-controller -> this)")
 
 
 def pytest_configure(config):  # noqa: F811 (pytest names the argument)
@@ -256,7 +260,8 @@ def drills_lane(request, drills_kube, drills_cluster, drills_module_namespace, d
                       audit_log=drills_cluster.status().get("audit_log"), variant=variant,
                       options={"availability_control": opts("drills_availability_control") == "on",
                                "rollback_via": opts("drills_rollback_via"), "source": source,
-                               "crds": opts("drills_crds"), "user_built": bool(opts("drills_controller_binary"))},
+                               "crds": opts("drills_crds"), "user_built": bool(opts("drills_controller_binary")),
+                               "swap_to": opts("drills_swap_to")},
                       label=drills_ledger.controller_name, router=router)
     runbook = cls(ctx)
     yield runbook

@@ -413,11 +413,15 @@ class EmbeddedCluster(ClusterState):
         self._spawn("releaser", [sys.executable, "-m", "drills.cluster.availability",
                                  "--kubeconfig", str(self.kubeconfig)], [], env=dict(os.environ, PYTHONPATH=path))
 
-    def _start_controller(self, binary: Path):
+    def start_controller(self, binary: Path, extra_args: list[str] = ()) -> None:
+        """Start ``binary`` as the controller (none may run): the flags of every start, then ``extra_args``."""
+        self._start_controller(binary, extra_args)
+
+    def _start_controller(self, binary: Path, extra_args: list[str] = ()):
         metrics, healthz = free_port(), free_port()
         pid = self._spawn("rollouts-controller", [
             str(binary), "--kubeconfig", str(self.kubeconfig), "--leader-elect=false",
-            "--metricsport", str(metrics), "--healthzPort", str(healthz), "--loglevel", "info",
+            "--metricsport", str(metrics), "--healthzPort", str(healthz), "--loglevel", "info", *extra_args,
         ], [metrics, healthz])
         if not pid_alive(pid):       # an exit later is caught by the wait for the sentinel's status
             log = (self.folder / "logs" / "rollouts-controller.log").read_text()[-600:]

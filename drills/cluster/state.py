@@ -121,6 +121,10 @@ class ClusterState:
         tmp.write_text(json.dumps(st, indent=2))
         os.replace(tmp, self.state_file)
 
+    def update_state(self, **fields) -> None:
+        """Fields of the cluster's record set (a change made to the running cluster, e.g. its controller swapped)."""
+        self._update(**fields)
+
     def _update(self, **fields) -> None:
         with self._state_lock():
             st = self.state()

@@ -39,6 +39,7 @@ from ..core.steps import parse_steps, steps_text
 from ..toolchain import BuildError, Toolchain, components_for, resolve_controller_versions
 from ..toolchain.components import optional_components
 from ..reporting.upgrade import changes_table
+from ..record.swap_rows import line as swap_line
 from ..run.upgrade_check import UPGRADE_FILE, upgrade_check, user_binary
 from ..drill.watchdog import Watchdog, cluster_processes, processes_alive
 
@@ -311,6 +312,8 @@ def cmd_upgrade_check(args) -> int:
             print(f"!! INCOMPLETE: {line}")
         for h in doc.get("headlines") or []:
             print(h["text"])
+        for e in doc.get("swap") or []:           # lane swap's verdicts on the pairs first, then the changes
+            print(swap_line(e))
         print(changes_table(changes))
         if (doc.get("informational") or {}).get("rows"):
             print(f"informational: {doc['informational']['rule']}")

@@ -37,6 +37,8 @@ HASH_LABEL = "rollouts-pod-template-hash"                # the controller's labe
 REVISION_ANNOTATION = "rollout.argoproj.io/revision"
 # The versions the README's test command exercises.
 TEST_CONTROLLERS = ("v1.8.2", "v1.10.2")
+# the controller upgrade the fleet plans (brief): lane swap runs it beside the neighbouring pairs
+FLEET_UPGRADE = ("v1.8.2", "v1.10.2")
 
 VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?$")
 
@@ -70,6 +72,16 @@ def version_key(v) -> tuple:
 def version_order(versions) -> list[str]:
     """The versions (or labels) in release order (``version_key``)."""
     return sorted(versions, key=version_key)
+
+
+def swap_pairs(versions) -> list[tuple[str, str]]:
+    """Lane swap's pairs among ``versions``: each to the next in release order (the neighbouring upgrades), then
+    the upgrade the fleet plans (FLEET_UPGRADE) when both of its versions are among them."""
+    ordered = version_order(dict.fromkeys(versions))
+    pairs = list(zip(ordered, ordered[1:]))
+    if set(FLEET_UPGRADE) <= set(ordered) and FLEET_UPGRADE not in pairs:
+        pairs.append(FLEET_UPGRADE)
+    return pairs
 
 
 def cache_dir() -> Path:

@@ -24,8 +24,10 @@ from .base import LaneContext, Runbook, StepFailed, step  # noqa: F401
 from .escape import LaneEscape
 from .order import LaneOrder
 from .scan import LaneScan
+from .swap import LaneSwap
 
-BUILTIN: tuple[type[Runbook], ...] = (LaneA, LaneB, LaneAbort, LaneOrder, LaneEscape, LaneScan, LaneAlert)
+BUILTIN: tuple[type[Runbook], ...] = (LaneA, LaneB, LaneAbort, LaneOrder, LaneEscape, LaneScan, LaneAlert,
+                                      LaneSwap)
 ENTRY_POINT_GROUP = "drills.lanes"
 KEY_RE = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 

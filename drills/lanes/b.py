@@ -38,6 +38,7 @@ class LaneB(Runbook):
     estimate_s = 120.0
     title = "base chart path: render equivalence, merge-alone, propagation to one inheritor, its first deploy"
     extras = ("registry",)
+    uses_helm = True
 
     def __init__(self, ctx: LaneContext):
         super().__init__(ctx)

@@ -110,6 +110,7 @@ class Runbook:
     extras: ClassVar[tuple[str, ...]] = ()          # toolchain components the lane needs besides the cluster
     estimate_s: ClassVar[float] = 200.0             # a leg's seconds before one was measured (plans, shards)
     routers: ClassVar[tuple[str, ...]] = ("istio",)  # the traffic routers the lane makes sense for
+    uses_helm: ClassVar[bool] = False                # the lane runs helm (its leg waits for the helm build)
 
     def __init__(self, ctx: LaneContext):
         self.ctx = ctx
@@ -135,6 +136,12 @@ class Runbook:
     @classmethod
     def expectation_versions(cls) -> dict[str, dict]:
         return load_expectations(cls.key, cls.data_dir())
+
+    @classmethod
+    def expectation_keys(cls) -> list[str]:
+        """What the expectation file is keyed by, each of which it must have an entry for (or say why not): the
+        supported versions (lane swap: the version pairs)."""
+        return list(config.SUPPORTED_CONTROLLERS)
 
     def data(self, name: str) -> dict:
         path = self.data_dir() / name

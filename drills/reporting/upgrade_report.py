@@ -84,8 +84,28 @@ def upgrade_section(run_dir: Path, rows: list[dict]) -> dict | None:
                 if isinstance(doc.get("informational"), dict) and doc["informational"].get("rows") else ""))
     items = [{"table": {"columns": ["class", "lane", "step", base, cand, "assertion", "what changed"],
                         "rows": table_rows}}] if table_rows else []
+    swap = _swap_table(doc.get("swap"))
+    callouts += [f"swap {e.get('pair')} {e.get('state')}: {e.get('verdict')}" for e in doc.get("swap") or []
+                 if isinstance(e, dict) and e.get("verdict") not in ("pass", None)]
     return {"title": f"Upgrade check: {base} → {cand}", "intro": intro, "callouts": callouts,
-            "empty": None if items else "No change: every paired row is the same.", "items": items + figures}
+            "empty": None if items or swap else "No change: every paired row is the same.",
+            "items": swap + items + figures}
+
+
+def _swap_table(entries) -> list[dict]:
+    """Lane swap's verdicts, one line per (pair, state): what the new controller did with the old one's state."""
+    rows = []
+    for e in entries if isinstance(entries, list) else []:
+        if not isinstance(e, dict) or not isinstance(e.get("assertions"), dict):
+            continue
+        asserts = {str(k): a for k, a in e["assertions"].items() if isinstance(a, dict)}
+        bad = {k: a for k, a in asserts.items() if a.get("verdict") != "pass"}
+        rows.append([cell(str(e.get("verdict")), verdict=e.get("verdict"), strong=e.get("verdict") == "fail"),
+                     cell(str(e.get("pair"))), cell(str(e.get("state"))),
+                     cell("; ".join(f"{k} {fmt_value(a.get('observed'))}" for k, a in asserts.items())),
+                     cell("; ".join(f"{k}: {a.get('verdict')}" + (f" ({a['reason']})" if a.get("reason") else "")
+                                    for k, a in bad.items()) or "nothing moved the wrong way")])
+    return [{"table": {"columns": ["swap", "pair", "state", "observed", "what moved"], "rows": rows}}] if rows else []
 
 
 def neighbours_section(rows: list[dict]) -> dict | None:

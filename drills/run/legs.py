@@ -40,11 +40,13 @@ class Leg:
     variant: str = "stage"
     label: str | None = None  # what the controller is called when it is not a release (user-built)
     router: str = routers.DEFAULT
+    to: str | None = None     # lane swap: the release the controller is replaced by (the pair is controller -> to)
 
     @property
     def id(self) -> str:
         tail = "" if self.router == routers.DEFAULT else f"/{self.router}"
-        return f"{self.label or self.controller}/{self.lane}/{self.variant}{tail}"
+        pair = f"->{self.to}" if self.to else ""
+        return f"{self.label or self.controller}{pair}/{self.lane}/{self.variant}{tail}"
 
     @property
     def slug(self) -> str:
@@ -56,8 +58,14 @@ class Leg:
         if self.label:
             d["release"] = self.controller
         d.pop("label")
+        if not self.to:
+            d.pop("to")
         d["id"] = self.id
         return d
+
+
+SWAP_LANE = "swap"
+
 
 
 def lane_variants(lane: str, mode: str) -> tuple[str, ...]:
@@ -91,8 +99,15 @@ def plan(versions: list[str], lanes: list[str], mode: str = "stage", label: str 
         if not any(name in REGISTRY[lane].routers for lane in lanes):
             raise BadInput(f"--router {name}: none of the lanes {', '.join(lanes)} runs on it (lanes that do: "
                            f"{', '.join(k for k, c in REGISTRY.items() if name in c.routers) or 'none'})")
-    return [Leg(v, lane, variant, label, router) for v in versions for lane in lanes
+    pairs = config.swap_pairs(versions) if SWAP_LANE in lanes and not label else []
+    if named and SWAP_LANE in lanes and not pairs:
+        raise BadInput(f"--lanes {SWAP_LANE}: the lane swaps one controller for another; give two versions or more "
+                       f"(--controller A,B; a user-built controller is swapped by upgrade-check only)")
+    legs = [Leg(v, lane, variant, label, router) for v in versions for lane in lanes if lane != SWAP_LANE
             for variant in lane_variants(lane, mode) for router in names if router in REGISTRY[lane].routers]
+    return legs + [Leg(a, SWAP_LANE, variant, None, router, to=b) for a, b in pairs
+                   for variant in lane_variants(SWAP_LANE, mode) for router in names
+                   if router in REGISTRY[SWAP_LANE].routers]
 
 
 # --- durations ---------------------------------------------------------------------------------------------

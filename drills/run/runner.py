@@ -174,23 +174,27 @@ class Run(Stopping):
 
     @staticmethod
     def _key(leg: Leg) -> str:
-        """The cluster a leg runs on: one per release, one per user-built controller."""
-        return leg.label or leg.controller
+        """The cluster a leg runs on: one per release, one per user-built controller, one per swap (its controller is
+        replaced under it)."""
+        return f"{leg.controller}-to-{leg.to}" if leg.to else leg.label or leg.controller
 
     def _binary(self, leg: Leg) -> Binary | None:
         return self.binaries.get(leg.label) if leg.label else None
 
     # --- binaries, in the background -----------------------------------------------------------------------
+    def _versions(self, leg: Leg) -> list[str]:
+        return [] if self._binary(leg) else [leg.controller, *([leg.to] if leg.to else [])]
+
     def _needs(self, leg: Leg) -> set[str]:
-        comps = components_for([] if self._binary(leg) else [leg.controller], list(REGISTRY[leg.lane].extras))
+        comps = components_for(self._versions(leg), list(REGISTRY[leg.lane].extras))
         return {c.key for c in comps if c.name != "helm"} | ({"helm@" + config.HELM_VERSION}
-                                                            if leg.lane == "b" else set())
+                                                            if REGISTRY[leg.lane].uses_helm else set())
 
     def _build_all(self) -> None:
         tc = Toolchain(log=self.log)
         order = []
         for leg in self.legs:                   # in plan order: the first legs' components first
-            for c in components_for([] if self._binary(leg) else [leg.controller], list(REGISTRY[leg.lane].extras)):
+            for c in components_for(self._versions(leg), list(REGISTRY[leg.lane].extras)):
                 if c.key not in [o.key for o in order]:
                     order.append(c)
         def built(comp) -> None:
@@ -271,6 +275,7 @@ class Run(Stopping):
             cmd = [sys.executable, "-m", "pytest", "-p", "no:locust", "-p", "no:cacheprovider", "-p",
                    "drills.pytest_plugin", "-q", "-rfE", "--no-header", "--drills-controller", leg.controller,
                    "--drills-lane-a-variant", leg.variant, "--drills-router", leg.router,
+                   *(["--drills-swap-to", leg.to] if leg.to else []),
                    "--drills-run-dir", str(self.run_dir), "--drills-run-id", self.run_id, "--drills-leg", leg.id,
                    f"--junitxml={self.run_dir / f'junit-{leg.slug}.xml'}",
                    *([f"--rootdir={root}"] if tests.is_relative_to(root) else []), str(tests)]

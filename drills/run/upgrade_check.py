@@ -33,6 +33,7 @@ from ..drill.controller_binary import ControllerBinaryError, inspect_binary
 from ..core.errors import EXIT_BAD_INPUT, EXIT_INCONCLUSIVE, BadInput, combine_exit_codes
 from ..record.evidence import read_judged
 from ..record.ledger import NOT_APPLICABLE, new_run_id
+from ..record import swap_rows as swap
 from ..reporting.report import write_matrix, write_run_report
 from .run_folder import distinct, interruption
 from ..reporting.upgrade_report import UPGRADE_FILE
@@ -102,6 +103,21 @@ def sides_of(args, log: Callable[[str], None]) -> Sides:
     return Sides(baseline, binary.label, binary, sha)
 
 
+def swap_pairs(sides: Sides) -> list[str]:
+    """The pairs lane swap runs on in an upgrade check: the upgrade, then its downgrade (the rollback plan of a
+    failed controller upgrade).  A user-built candidate is not swapped in (its chart is the user's)."""
+    if sides.binary:
+        return []
+    return [f"{sides.baseline}->{sides.candidate}", f"{sides.candidate}->{sides.baseline}"]
+
+
+def swap_legs(sides: Sides, keys: list[str], mode: str) -> list[legs.Leg]:
+    if swap.LANE not in keys:
+        return []
+    return [legs.Leg(a, swap.LANE, variant, to=b) for a, b in (p.split("->") for p in swap_pairs(sides))
+            for variant in legs.lane_variants(swap.LANE, mode)]
+
+
 def interleave(a: list[legs.Leg], b: list[legs.Leg]) -> list[legs.Leg]:
     """Baseline and candidate legs alternately, so both sides' clusters start at once."""
     out = []
@@ -111,23 +127,31 @@ def interleave(a: list[legs.Leg], b: list[legs.Leg]) -> list[legs.Leg]:
 
 
 def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[str], inconclusive_legs: int = 0,
-                 gaps: list[str] = ()) -> tuple[int, list[upgrade.Change]]:
+                 gaps: list[str] = (), swap_expected: bool = False) -> tuple[int, list[upgrade.Change]]:
     """Classify the rows; ``gaps``: what the legs lack (each one inconclusive), named first in upgrade.json's
-    ``missing`` with each side without rows and each baseline row the candidate lacks."""
-    mine = [r for r in rows if r.get("lane") in lane_keys]
+    ``missing`` with each side without rows and each baseline row the candidate lacks; ``swap_expected``: lane swap
+    was asked for (named, run, or found in the folders): a pair of it without rows is missing too."""
+    swapped = swap.swap_rows(rows, set(swap_pairs(sides))) if swap.LANE in lane_keys else []
+    if swap_expected and swap.LANE in lane_keys:
+        have = {swap.pair_of(r) for r in swapped}
+        gaps = [*gaps, *(f"lane swap: no row for the pair {p} (drills upgrade-check --from {sides.baseline} --to "
+                         f"{sides.candidate} runs both directions)" for p in swap_pairs(sides) if p not in have)]
+    mine = [r for r in rows if r.get("lane") in lane_keys and r.get("lane") != swap.LANE]
     base = [r for r in mine if sides.is_baseline(r)]
     cand = [r for r in mine if sides.is_candidate(r)]
-    if not base and not cand:
+    if not base and not cand and not swapped:
         raise BadInput(f"no rows of {sides.baseline} or {sides.candidate} for lanes {', '.join(lane_keys)} in "
                        f"{run_dir}")
     changes = upgrade.classify(base, cand)
-    missing_sides = [name for name, got in ((sides.baseline, base), (sides.candidate, cand)) if not got]
+    compared = [k for k in lane_keys if k != swap.LANE]          # lanes whose rows pair up across the sides
+    missing_sides = [name for name, got in ((sides.baseline, base), (sides.candidate, cand)) if not got] \
+        if compared else []
     heads = [headline(base, sides.baseline), headline(cand, sides.candidate)]
     # the gate follows the answer: a candidate on which the prescription does not hold is no go, whichever row
     # says so (a load figure of AFTER's users included, informational as a change class)
     answer = prescription_gate(heads[1], cand)
     code = combine_exit_codes(upgrade.exit_code(changes, inconclusive_legs + len(gaps) + len(missing_sides)),
-                              answer["exit"])
+                              answer["exit"], swap.gate(swapped))
     lacking = upgrade.missing_on_candidate(changes)
     missing = [*gaps, *(f"{name}: no row for lanes {', '.join(lane_keys)}" for name in missing_sides)]
     missing += [f"{r.get('controller_name') or r.get('controller_version')} {r.get('id') or r.get('assertion')}: "
@@ -148,6 +172,7 @@ def classify_run(run_dir: Path, rows: list[dict], sides: Sides, lane_keys: list[
                    "not hold on the candidate (its headline: no, whichever row says so, a load figure included) 1",
            "prescription_gate": answer,
            "informational": upgrade.informational(changes),
+           "swap": swap.summarise(swapped),
            "inconclusive_legs": inconclusive_legs + len(gaps), "sides_without_rows": missing_sides,
            "changes": [c.as_dict() for c in sorted(changes, key=upgrade._sort_key)]}
     tmp = run_dir / (UPGRADE_FILE + ".tmp")
@@ -261,8 +286,10 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
                             f"{stray[0].get('lane')}): which leg wrote them, and whether it finished, is unknown")
         gaps += [f"leg {i}: in the plan, run by none of the folders given" for i in sorted(planned - ran)]
         run_dir = classification_folder(dirs, sides, rows)
+        named = swap.LANE in {t.strip() for t in (args.lanes or "").split(",")}
         try:
-            code, changes = classify_run(run_dir, rows, sides, keys, gaps=gaps)
+            code, changes = classify_run(run_dir, rows, sides, keys, gaps=gaps, swap_expected=named or any(
+                r.get("lane") == swap.LANE for r in rows))
         except BadInput:
             shutil.rmtree(run_dir, ignore_errors=True)     # nothing to classify: no half-made folder is left
             raise
@@ -273,7 +300,10 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
         cand = legs.plan([sides.binary.release], keys, args.variant, label=sides.binary.label)
     else:
         cand = legs.plan([sides.candidate], keys, args.variant)
-    plan = interleave(base, cand)
+    plan = swap_legs(sides, keys, args.variant) + interleave(base, cand)      # the swap legs first: the longest
+    if swap.LANE in keys and sides.binary:
+        log(f"lane swap: a user-built candidate is not swapped in under live Rollouts (its chart is yours): "
+            f"only a release pair runs it")
     env = {"DRILLS_AVAILABILITY_CONTROL": "on", "DRILLS_ROLLBACK_VIA": "gitops"}
     meta = {"upgrade": {"baseline": sides.baseline, "candidate": sides.candidate}, "all_legs": [x.id for x in plan],
             **provenance.stamp(config.KUBERNETES_VERSION)}
@@ -286,7 +316,7 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
     # a leg that could not start, was killed, did not finish or recorded no row (drills.run.legs.coverage), and a leg
     # whose pytest failed while none of its rows did, leaves its side's evidence incomplete: inconclusive
     gaps = _gaps(legs.read_run_meta(run_dir), rows)
-    code, changes = classify_run(run_dir, rows, sides, keys, gaps=gaps)
+    code, changes = classify_run(run_dir, rows, sides, keys, gaps=gaps, swap_expected=bool(swap_pairs(sides)))
     write_run_report(run_dir)
     write_matrix(None, run_dir.parent)
     return code, run_dir, changes, sides

@@ -1,0 +1,112 @@
+"""Lane swap's machinery: the pairs it plans, the controller swap itself, and a break injected into the swap that
+the lane must catch (a new controller that ignores every Rollout; an abort lost while no controller runs)."""
+from __future__ import annotations
+
+import pytest
+
+from drills.cluster.swap import swap_controller
+from drills.core import config
+from drills.core.errors import BadInput
+from drills.kube.rollout import healthy
+from drills.lanes.base import LaneContext
+from drills.lanes.swap import LaneSwap
+from drills.record.ledger import FAIL, PASS, Ledger
+from drills.run import legs
+from drills.run.runner import Run
+
+
+def test_pairs_are_the_neighbouring_upgrades_then_the_fleets_jump():
+    assert config.swap_pairs(["v1.10.2", "v1.8.2"]) == [("v1.8.2", "v1.10.2")]
+    assert config.swap_pairs(config.SUPPORTED_CONTROLLERS) == [
+        ("v1.7.1", "v1.7.2"), ("v1.7.2", "v1.8.2"), ("v1.8.2", "v1.8.5"), ("v1.8.5", "v1.9.3"), ("v1.9.3", "v1.10.2"),
+        ("v1.8.2", "v1.10.2")]
+    assert config.swap_pairs(["v1.8.2"]) == []
+
+
+def test_a_swap_leg_carries_its_pair_in_its_id_and_runs_on_a_cluster_of_its_own():
+    plan = legs.plan(["v1.8.2", "v1.10.2"], ["a", "swap"], named=True)
+    ids = [x.id for x in plan]
+    assert ids == ["v1.8.2/a/stage", "v1.10.2/a/stage", "v1.8.2->v1.10.2/swap/stage"], ids
+    swap = plan[-1]
+    assert swap.to_dict()["to"] == "v1.10.2" and "to" not in plan[0].to_dict()
+    assert Run._key(swap) == "v1.8.2-to-v1.10.2" and Run._key(plan[0]) == "v1.8.2"
+
+
+def test_swap_named_with_one_version_is_bad_input_and_all_lanes_leave_it_out():
+    with pytest.raises(BadInput, match="give two versions or more"):
+        legs.plan(["v1.8.2"], ["swap"], named=True)
+    assert all(x.lane != "swap" for x in legs.plan(["v1.8.2"], ["a", "swap"], named=False))
+
+
+def test_the_expectation_file_has_every_pair_both_ways():
+    keys = LaneSwap.expectation_keys()
+    assert "v1.8.2->v1.10.2" in keys and "v1.10.2->v1.8.2" in keys and len(keys) == 2 * len(set(keys) & set(
+        f"{a}->{b}" for a, b in config.swap_pairs(config.SUPPORTED_CONTROLLERS)))
+
+
+def _other(request, version: str) -> str:
+    versions = (request.config.getoption("--controller") or ",".join(config.TEST_CONTROLLERS)).split(",")
+    return next((v for v in versions if v != version), next(v for v in config.FLEET_UPGRADE if v != version))
+
+
+def _lane(kube, cluster, namespace, tmp_path, version, to, **options) -> LaneSwap:
+    ledger = Ledger(tmp_path / "run", "swap-break", target="embedded", controller_version=version)
+    ctx = LaneContext(api=kube, namespace=namespace, evidence_dir=tmp_path / "run" / version, ledger=ledger,
+                      version=version, cluster=cluster, audit_log=cluster.status().get("audit_log"),
+                      options={"swap_to": to, **options})
+    return LaneSwap(ctx)
+
+
+def _verdicts(rows, assertion: str) -> list[str]:
+    return [r["verdict"] for r in rows if r["assertion"] == assertion]
+
+
+@pytest.mark.single_version
+def test_a_new_controller_with_another_instance_id_fails_the_lane_and_the_old_one_comes_back(
+        kube, cluster, namespace, tmp_path, controller_version, request):
+    to = _other(request, controller_version)
+    lane = _lane(kube, cluster, namespace, tmp_path, controller_version, to, swap_states=["healthy"],
+                 swap_controller_args=["--instance-id", "elsewhere"])
+    try:
+        lane.given_states()
+        lane.swap()
+        rows = lane.verdicts()
+    finally:
+        lane.close()
+    # the new controller ignores every Rollout without its instance label: none is reconciled
+    assert _verdicts(rows, "reconciled") == [FAIL], rows
+    assert _verdicts(rows, "no-new-replicaset") == [PASS]
+    # the lane put the controller it found back (its own flags): it reconciles the next change
+    assert cluster.state()["controller_version"] == controller_version
+    d = lane.drills["healthy"]
+    d.ro.set_image(d.name, "registry.local/healthy:v3")
+    d.ro.wait(d.name, healthy(), 120)
+
+
+@pytest.mark.single_version
+def test_an_abort_lost_while_no_controller_runs_fails_the_lane(kube, cluster, namespace, tmp_path, controller_version,
+                                                               request):
+    to = _other(request, controller_version)
+
+    def drop_abort(api):
+        from kubernetes import client
+        client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+            config.ARGO_GROUP, config.ARGO_VERSION, namespace, "rollouts", "aborted", {"status": {"abort": False}})
+    lane = _lane(kube, cluster, namespace, tmp_path, controller_version, to, swap_states=["aborted"],
+                 swap_between=drop_abort)
+    try:
+        assert lane.given_states()["aborted"].abort
+        lane.swap()
+        rows = lane.verdicts()
+    finally:
+        lane.close()
+    assert _verdicts(rows, "abort-kept") == [FAIL], rows
+    assert "lost across the swap" in next(r["reason"] for r in rows if r["assertion"] == "abort-kept")
+
+
+@pytest.mark.single_version
+def test_a_swap_refuses_a_cluster_that_is_not_up(tmp_path):
+    from drills.cluster import EmbeddedCluster
+    from drills.cluster.errors import ClusterInputError
+    with pytest.raises(ClusterInputError, match="not up"):
+        swap_controller(EmbeddedCluster("swap-nothing-here"), "v1.10.2")
