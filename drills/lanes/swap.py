@@ -388,7 +388,10 @@ def _weight(ro: dict) -> int | None:
 
 
 def _available_share(s: Snapshot, canary_hash: str | None, replicas: int) -> int:
-    """The share of traffic the canary's available pods hold, in percent of the Rollout's replicas."""
+    """The share of traffic the canary's available pods hold, in percent of the Rollout's replicas; 0 when the
+    canary is the stable (a Healthy Rollout has no canary to send traffic to)."""
+    if canary_hash is None or canary_hash == s.stable:
+        return 0
     rs = s.replicasets.get(canary_hash) or {}
     return min(100, round(100 * (rs.get("available") or 0) / max(1, replicas)))
 
