@@ -48,6 +48,7 @@ STEPS = {
 TEMPLATE_ENV = "stage"       # the fixture fleet's environment whose renders give the template Rollouts
 TEMPLATE_KINDS = ("Rollout", "Service", "VirtualService", "DestinationRule")   # what a render brings that a Rollout uses
 RECONCILE_WITHIN_S = 60.0    # the new controller reconciles every Rollout within this, or it does not settle
+KEEP_LOG_BYTES = 4 << 20     # the new controller's log kept as evidence: at most its last 4 MiB since the swap
 AFTER_SWAP_S = 15.0          # evidence window once every Rollout was reconciled: what the new controller writes next
 NEXT_S = 240.0               # a Rollout the new controller finishes (promoted, rolled back) settles within this
 RECONCILED = re.compile(r'msg="Reconciliation completed".*\bnamespace=(\S+).*\brollout=(\S+)')
@@ -108,6 +109,7 @@ class LaneSwap(Runbook):
         self.reconciled_s: dict[str, float | None] = {}
         self.hash_changed: dict[str, int] = {}
         self.swap_info: dict = {}
+        self.controller_log: Path | None = None
         # what a caller may narrow or add (the framework's own tests: a break injected into the swap): the states
         # made (STATES and "templates"), the new controller's extra flags, what runs while no controller runs
         self.states = tuple(ctx.options.get("swap_states") or (*STATES, "templates"))
@@ -235,10 +237,22 @@ class LaneSwap(Runbook):
         self.hash_changed = {}
         seen()                                   # the counts once, over the whole log since the start
         hold_for(AFTER_SWAP_S, "what the new controller writes once it has reconciled every Rollout")
+        self.controller_log = self._keep_log(logfile, offset)
         for state, d in self.drills.items():
             self.after[state] = Snapshot.of(d)
             d.recording.mark("settled")
         return self.swap_info
+
+    def _keep_log(self, logfile: Path, offset: int) -> Path:
+        """What the new controller said since its start (the last KEEP_LOG_BYTES of it), kept beside the timelines:
+        the evidence of the ``reconciled`` rows (the cluster's own log goes with the cluster)."""
+        dest = Path(self.ctx.evidence_dir) / "swap" / f"controller-{self.to}.log"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(logfile, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(offset, size - KEEP_LOG_BYTES))
+            dest.write_bytes(fh.read(KEEP_LOG_BYTES))
+        return dest
 
     # --- then: what moved, with directions -----------------------------------------------------------------
     @step("swap")
@@ -251,8 +265,10 @@ class LaneSwap(Runbook):
     def _state_rows(self, state: str, d: DrillRollout) -> list[dict]:
         b, a = self.before[state], self.after[state]
         rec = d.recording
-        records = rec.records()
-        complete = rec.rec.complete
+        rec.rec.catch_up()
+        result = rec.stop()               # the audit log's check of every route write: the recording is whole, or not
+        complete, reasons = result["complete"], result["reasons"]
+        records = rec.rec.records
         derived = timeline.derive(records, d.hash_v1 if state == "rollback" else b.current, since_mark="swap")
         evidence = str(rec.path)
         common = dict(evidence=evidence, pair=self.pair, state=state, controller_from=self.ctx.version,
@@ -264,7 +280,7 @@ class LaneSwap(Runbook):
             if regression is None or not complete:
                 verdict, reason = INCONCLUSIVE, (why if regression is None else
                                                  "the recording across the swap is incomplete: "
-                                                 + "; ".join(rec.rec.incomplete_reasons or ["no reason given"]))
+                                                 + "; ".join(reasons or ["no reason given"]))
             elif regression:
                 ref = self.known(state, assertion)
                 verdict, reason = FAIL, why + (f" (known on {self.pair}: {ref})" if ref else "")
@@ -295,7 +311,7 @@ class LaneSwap(Runbook):
         took = self.reconciled_s.get(state)
         row("reconciled", f"<= {RECONCILE_WITHIN_S:g}s", took, took is None,
             f"controller {self.to} did not reconcile the Rollout within {RECONCILE_WITHIN_S:g}s",
-            status_rewritten=_changed(b.status, a.status))
+            status_rewritten=_changed(b.status, a.status), controller_log=str(self.controller_log))
         return rows
 
     # --- then: under the new controller, the next rollback and what the old one left paused ------------------
@@ -304,7 +320,6 @@ class LaneSwap(Runbook):
         """The Healthy Rollout rolled back to v1 under ``to``: the ReplicaSet the old controller left at 0 inside the
         window is revived (the fast rollback), or the hash moved and a new one walks the steps."""
         d = self.drills["healthy"]
-        d.recording.stop()
         rec = d.start_rollback("next-rollback")
         back = Predicate("Healthy at the v1 image", lambda o: healthy()(o) and _image(o) == d.spec.image_v1 and
                          o["status"].get("stableRS") == o["status"].get("currentPodHash"))
@@ -342,6 +357,7 @@ class LaneSwap(Runbook):
         rows = []
         for state in ("paused", "timed-pause", "rollback"):
             d = self.drills[state]
+            rec = d.record("finish")
             if state == "rollback":
                 d.release_holds()
                 want = d.hash_v1
@@ -354,9 +370,12 @@ class LaneSwap(Runbook):
             except WaitTimeout as e:
                 last = e.last if isinstance(e.last, dict) else {}
                 got, verdict, reason = (last.get("status") or {}).get("stableRS"), FAIL, str(e)
-            d.recording.mark("finished")
+            rec.rec.catch_up()
+            result = rec.stop()
+            if verdict == PASS and not result["complete"]:
+                verdict, reason = INCONCLUSIVE, "the recording is incomplete: " + "; ".join(result["reasons"])
             rows.append(self.row(state, "finishes-under-new-controller", want, got, verdict, reason=reason,
-                                 evidence=str(d.recording.path), pair=self.pair, state=state,
+                                 evidence=str(rec.path), pair=self.pair, state=state,
                                  controller_from=self.ctx.version, controller_to=self.to))
         return rows
 
