@@ -91,7 +91,8 @@ def test_an_abort_lost_while_no_controller_runs_fails_the_lane(kube, cluster, na
     def drop_abort(api):
         from kubernetes import client
         client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-            config.ARGO_GROUP, config.ARGO_VERSION, namespace, "rollouts", "aborted", {"status": {"abort": False}})
+            config.ARGO_GROUP, config.ARGO_VERSION, lane.drills["aborted"].ns, "rollouts", "aborted",
+            {"status": {"abort": False}})
     lane = _lane(kube, cluster, namespace, tmp_path, controller_version, to, swap_states=["aborted"],
                  swap_between=drop_abort)
     try:

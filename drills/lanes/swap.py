@@ -27,10 +27,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..cluster.swap import swap_controller
 from ..core import config
 from ..core.wait import WaitTimeout, hold_for, until
-from ..drill.kit import DrillRollout
+from ..drill.kit import ALL_STABLE_WITHIN_S, DrillRollout
 from ..drill.shapes import RolloutSpec
 from ..kube.rollout import HASH_LABEL, REVISION_ANNOTATION, Predicate, aborted, healthy, healthy_at, paused
 from ..record import timeline
@@ -50,6 +51,7 @@ TEMPLATE_KINDS = ("Rollout", "Service", "VirtualService", "DestinationRule")   #
 RECONCILE_WITHIN_S = 60.0    # the new controller reconciles every Rollout within this, or it does not settle
 KEEP_LOG_BYTES = 4 << 20     # the new controller's log kept as evidence: at most its last 4 MiB since the swap
 AFTER_SWAP_S = 15.0          # evidence window once every Rollout was reconciled: what the new controller writes next
+ABORT_TAKEN_S = 20.0         # a controller takes an abort within this, or it is announced again
 NEXT_S = 240.0               # a Rollout the new controller finishes (promoted, rolled back) settles within this
 RECONCILED = re.compile(r'msg="Reconciliation completed".*\bnamespace=(\S+).*\brollout=(\S+)')
 HASH_CHANGED = re.compile(r'msg="ComputePodTemplateHash hash changed[^"]*".*\bnamespace=(\S+).*\brollout=(\S+)')
@@ -110,6 +112,7 @@ class LaneSwap(Runbook):
         self.hash_changed: dict[str, int] = {}
         self.swap_info: dict = {}
         self.controller_log: Path | None = None
+        self.namespaces: dict[str, str] = {}
         # what a caller may narrow or add (the framework's own tests: a break injected into the swap): the states
         # made (STATES and "templates"), the new controller's extra flags, what runs while no controller runs
         self.states = tuple(ctx.options.get("swap_states") or (*STATES, "templates"))
@@ -124,16 +127,28 @@ class LaneSwap(Runbook):
         """The upstream reference the expectation file gives for a regression it knows on this pair."""
         return (self.expectations.get("known_regressions") or {}).get(f"{state}/{assertion}")
 
-    def _drill(self, state: str, spec: RolloutSpec | None = None) -> DrillRollout:
+    def _namespace(self, state: str) -> str:
+        """Each state in a namespace of its own, as each service of a fleet is (a recording proves itself against
+        the audit log's route writes of its namespace: another Rollout's there would be counted as missed)."""
+        ns = make_namespace(self.ctx.api, namespace_name(f"swap-{state}"))
+        self.namespaces[state] = ns
+        return ns
+
+    def _drill(self, state: str, spec: RolloutSpec | None = None, namespace: str | None = None) -> DrillRollout:
         c = self.ctx
         spec = spec or RolloutSpec(steps=STEPS[state], replicas=2, min_pods=1, name=state, router=c.router,
                                    image_v1=f"registry.local/{state}:v1", image_v2=f"registry.local/{state}:v2",
                                    rollback_via="gitops")
         log_path = Path(c.cluster.folder) / "logs" / "rollouts-controller.log" if c.cluster is not None else None
-        d = DrillRollout(c.api, c.namespace, spec, Path(c.evidence_dir) / "swap" / state, log=c.log,
+        d = DrillRollout(c.api, namespace or self._namespace(state), spec, self.evidence / state, log=c.log,
                          controller_version=c.name, audit_log=c.audit_log, controller_log=log_path)
         self.drills[state] = d
         return d
+
+    @property
+    def evidence(self) -> Path:
+        """This pair's folder: two pairs from one version (v1.8.2->v1.8.5, v1.8.2->v1.10.2) share the version's."""
+        return Path(self.ctx.evidence_dir) / "swap" / re.sub(r"[^A-Za-z0-9.]+", "-", self.pair)
 
     # --- given: the states under the old controller --------------------------------------------------------
     @step()
@@ -157,9 +172,7 @@ class LaneSwap(Runbook):
                 d.ro.wait(d.name, Predicate("paused at step 1", lambda o: paused()(o) and
                                             o["status"].get("currentStepIndex") == 1), 120, progress=d.progress)
             if state == "aborted":
-                d.ro.abort(d.name)
-                d.ro.wait(d.name, Predicate("aborted, the canary weight back to 0", lambda o: aborted()(o) and
-                                            _weight(o) == 0), 120, progress=d.progress)
+                self._abort(d)
             if state == "rollback":
                 rec = d.start_rollback("swap")
                 d.wait_partial_weight()
@@ -193,17 +206,33 @@ class LaneSwap(Runbook):
                         continue                  # a service deployed as a Deployment: nothing to swap under
                     state = f"template-{app.name}"
                     c.log(f"swap {self.pair}: {state} ({app.name}'s {TEMPLATE_ENV} render) under {c.version}")
+                    ns = self._namespace(state)
                     for o in objs:
-                        o["metadata"]["namespace"] = c.namespace
-                    apply(c.api, c.namespace, yaml.safe_dump_all(objs))
+                        o["metadata"]["namespace"] = ns
+                    apply(c.api, ns, yaml.safe_dump_all(objs))
                     spec = RolloutSpec(steps=ro["spec"]["strategy"]["canary"].get("steps") or [],
                                        replicas=ro["spec"].get("replicas") or 1, name=ro["metadata"]["name"],
                                        router=c.router, container=ro["spec"]["template"]["spec"]["containers"][0]["name"])
-                    d = self._drill(state, spec)
+                    d = self._drill(state, spec, ns)
                     d.ro.wait(d.name, healthy(), 180, progress=d.progress)
                     d.record("swap")
         finally:
             helm.close()
+
+    def _abort(self, d: DrillRollout) -> None:
+        """Abort, until the controller took it (the canary weight back to 0).  A controller before v1.10.0 can lose
+        the abort in its cache as it loses a promote (drills.kube.rollout: the write-back); the stored Rollout is
+        then announced again (``resync``), said, and waited for once more."""
+        done = Predicate("aborted, the canary weight back to 0", lambda o: aborted()(o) and _weight(o) == 0)
+        d.ro.abort(d.name)
+        try:
+            d.ro.wait(d.name, done, ABORT_TAKEN_S, progress=d.progress)
+            return
+        except WaitTimeout as e:
+            self.ctx.log(f"swap {self.pair}: the controller did not take the abort within {ABORT_TAKEN_S:g}s ({e}); "
+                         f"announcing the stored Rollout again")
+        d.ro.resync(d.name, "abort")
+        d.ro.wait(d.name, done, 120, progress=d.progress)
 
     # --- when: the chart upgrade replaces the controller --------------------------------------------------
     @step("given_states")
@@ -213,20 +242,18 @@ class LaneSwap(Runbook):
         self.swap_info = swap_controller(self.ctx.cluster, self.to, log=self.ctx.log, extra_args=self.controller_args,
                                          between=self.between)
         started = time.time()                    # the new controller's start
-        ns = self.ctx.namespace
         logfile, offset = Path(self.swap_info["log"]), self.swap_info["log_offset"]
-
-        state_of = {d.name: state for state, d in self.drills.items()}      # Rollout name -> state
+        state_of = {(d.ns, d.name): state for state, d in self.drills.items()}      # (namespace, Rollout) -> state
 
         def seen() -> dict:
             text = logfile.read_text(errors="replace")[offset:]
             for line in text.splitlines():
                 m = RECONCILED.search(line)
-                if m and m.group(1) == ns and m.group(2) in state_of:
-                    self.reconciled_s.setdefault(state_of[m.group(2)], round(time.time() - started, 2))
+                if m and m.groups() in state_of:
+                    self.reconciled_s.setdefault(state_of[m.groups()], round(time.time() - started, 2))
                 m = HASH_CHANGED.search(line)
-                if m and m.group(1) == ns and m.group(2) in state_of:
-                    self.hash_changed[state_of[m.group(2)]] = self.hash_changed.get(state_of[m.group(2)], 0) + 1
+                if m and m.groups() in state_of:
+                    self.hash_changed[state_of[m.groups()]] = self.hash_changed.get(state_of[m.groups()], 0) + 1
             return self.reconciled_s
         try:
             until(f"controller {self.to} to reconcile every Rollout of the lane (its log's Reconciliation completed)",
@@ -246,7 +273,7 @@ class LaneSwap(Runbook):
     def _keep_log(self, logfile: Path, offset: int) -> Path:
         """What the new controller said since its start (the last KEEP_LOG_BYTES of it), kept beside the timelines:
         the evidence of the ``reconciled`` rows (the cluster's own log goes with the cluster)."""
-        dest = Path(self.ctx.evidence_dir) / "swap" / f"controller-{self.to}.log"
+        dest = self.evidence / f"controller-{self.to}.log"
         dest.parent.mkdir(parents=True, exist_ok=True)
         with open(logfile, "rb") as fh:
             size = fh.seek(0, 2)
@@ -326,6 +353,7 @@ class LaneSwap(Runbook):
         settled = None
         try:
             d.ro.wait(d.name, back, NEXT_S, progress=d.progress)
+            _all_stable(rec, self.ctx.log)
         except WaitTimeout as e:
             settled = f"the rollback under {self.to} did not settle within {NEXT_S:g}s: {e}"
         obs = rec.finish()
@@ -367,6 +395,7 @@ class LaneSwap(Runbook):
             try:
                 ro = d.ro.wait(d.name, healthy_at(want), NEXT_S, progress=d.progress)
                 got, verdict, reason = ro["status"].get("stableRS"), PASS, None
+                _all_stable(rec, self.ctx.log)
             except WaitTimeout as e:
                 last = e.last if isinstance(e.last, dict) else {}
                 got, verdict, reason = (last.get("status") or {}).get("stableRS"), FAIL, str(e)
@@ -384,6 +413,8 @@ class LaneSwap(Runbook):
         too): the cluster's next tests meet the version it was started with."""
         for d in self.drills.values():
             d.cleanup()
+        for ns in self.namespaces.values():
+            drop_namespace(self.ctx.api, ns)
         if self.swap_info and self.ctx.cluster is not None:
             self.ctx.log(f"swap {self.pair}: putting controller {self.ctx.version} back")
             swap_controller(self.ctx.cluster, self.ctx.version, log=self.ctx.log)
@@ -395,6 +426,17 @@ class LaneSwap(Runbook):
         planned upgrade, and each one's downgrade."""
         ups = config.swap_pairs(config.SUPPORTED_CONTROLLERS)
         return [pair_key(a, b) for a, b in ups] + [pair_key(b, a) for a, b in ups]
+
+
+def _all_stable(rec, log) -> None:
+    """Once Healthy, the controller's last route write (all traffic on the stable) on the recording before it stops:
+    a recording stopped before that write would lack it (the audit log has it)."""
+    try:
+        rec.wait("canary weight 0 in the route (all traffic on the stable again)",
+                 lambda d: bool(d.canary_weight) and d.canary_weight[-1][1] == 0, ALL_STABLE_WITHIN_S,
+                 canary_hash=None, since_mark=None)
+    except WaitTimeout as e:          # the recording says what the weights were
+        log(f"  .. {e}")
 
 
 def _image(ro: dict, container: str = "app") -> str | None:
