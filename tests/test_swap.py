@@ -7,6 +7,7 @@ import pytest
 from drills.cluster.swap import swap_controller
 from drills.core import config
 from drills.core.errors import BadInput
+from drills.drill.shapes import RolloutSpec, install
 from drills.kube.rollout import healthy
 from drills.lanes.base import LaneContext
 from drills.lanes.swap import LaneSwap
@@ -36,6 +37,31 @@ def test_swap_named_with_one_version_is_bad_input_and_all_lanes_leave_it_out():
     with pytest.raises(BadInput, match="give two versions or more"):
         legs.plan(["v1.8.2"], ["swap"], named=True)
     assert all(x.lane != "swap" for x in legs.plan(["v1.8.2"], ["a", "swap"], named=False))
+
+
+def test_a_sync_that_logged_an_error_is_no_reconcile_and_names_match_whole():
+    from drills.lanes import swap
+    lines = [
+        'level=info msg="Started syncing rollout" generation=3 namespace=sw-a resourceVersion=1 rollout=paused',
+        'level=error msg="failed to scale: Operation cannot be fulfilled on replicasets.apps \\"p-1\\": the object '
+        'has been modified" generation=3 namespace=sw-a resourceVersion=1 rollout=paused',
+        'level=info msg="Reconciliation completed" generation=3 namespace=sw-a resourceVersion=1 rollout=paused '
+        'time_ms=3.3',
+        'level=info msg="Reconciliation completed" generation=3 namespace=sw-a resourceVersion=1 rollout=paused2 '
+        'time_ms=3.3']
+    got = [(r.pattern.split('"')[1][:20], m.group("ns"), m.group("name")) for line in lines
+           for r in (swap.SYNC, swap.ERROR, swap.RECONCILED) if (m := r.search(line))]
+    assert got == [("Started syncing roll", "sw-a", "paused"), ("(?P<msg>(?:[^", "sw-a", "paused"),
+                   ("Reconciliation compl", "sw-a", "paused"), ("Reconciliation compl", "sw-a", "paused2")], got
+
+
+def test_lanes_left_out_say_why():
+    plan = legs.plan(["v1.8.2"], ["a", "swap"])
+    assert legs.left_out(["a", "swap"], plan, None) == [
+        "lane swap runs on a pair of releases: none in this run (give two versions or more)"]
+    plan = legs.plan(["v1.8.2", "v1.10.2"], ["a", "swap"], router_names=["nginx"])
+    assert legs.left_out(["a", "swap"], plan, "nginx") == [
+        "lane(s) swap run on istio only: not in this run (--router nginx)"]
 
 
 def test_the_expectation_file_has_every_pair_both_ways():
@@ -76,11 +102,10 @@ def test_a_new_controller_with_another_instance_id_fails_the_lane_and_the_old_on
     # the new controller ignores every Rollout without its instance label: none is reconciled
     assert _verdicts(rows, "reconciled") == [FAIL], rows
     assert _verdicts(rows, "no-new-replicaset") == [PASS]
-    # the lane put the controller it found back (its own flags): it reconciles the next change
+    # the lane put the controller it found back (its own flags): it reconciles a new Rollout
     assert cluster.state()["controller_version"] == controller_version
-    d = lane.drills["healthy"]
-    d.ro.set_image(d.name, "registry.local/healthy:v3")
-    d.ro.wait(d.name, healthy(), 120)
+    ro = install(kube, namespace, RolloutSpec(steps=[], replicas=1, name="after-swap", rollback_window=None))
+    ro.wait("after-swap", healthy(), 120)
 
 
 @pytest.mark.single_version

@@ -72,13 +72,12 @@ def swap_controller(cluster, version: str, log=print, extra_args: list[str] = ()
     until(f"the CRDs of {version} to be served", crds_served(api, crds), timeout=60, interval=0.1)
     t1 = time.monotonic()
     rec = next((p for p in cluster.process_records(st) if p["name"] == CONTROLLER), None)
-    if rec is None:
-        raise ClusterError(f"cluster {cluster.name} has no {CONTROLLER} on record")
-    log(f"swap: stopping controller {old} (pid {rec['pid']}, SIGTERM)")
-    if not terminate_proven(rec, cluster.marks(), grace=STOP_GRACE_S):
-        raise ClusterError(f"the running {CONTROLLER} (pid {rec['pid']}) is not proven to be this cluster's: "
-                           f"not signalled, not swapped")
-    until(f"controller {old} to exit", lambda: not pid_alive(rec["pid"]), timeout=10, interval=0.05)
+    if rec is not None and pid_alive(rec["pid"]):     # none running: a swap that stopped half-way, being undone
+        log(f"swap: stopping controller {old} (pid {rec['pid']}, SIGTERM)")
+        if not terminate_proven(rec, cluster.marks(), grace=STOP_GRACE_S):
+            raise ClusterError(f"the running {CONTROLLER} (pid {rec['pid']}) is not proven to be this cluster's: "
+                               f"not signalled, not swapped")
+        until(f"controller {old} to exit", lambda: not pid_alive(rec["pid"]), timeout=10, interval=0.05)
     cluster.unregister_process(CONTROLLER)
     if between is not None:
         between(api)

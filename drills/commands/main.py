@@ -163,10 +163,6 @@ def _embedded_only(args) -> list[str]:
                                   ("--router", args.router is not None)) if on]
 
 
-def routers_of(keys: list[str]) -> str:
-    return ", ".join(sorted({r for k in keys for r in lanes.REGISTRY[k].routers}))
-
-
 def cmd_run(args) -> int:
     live_target = args.kubeconfig or args.context or args.namespace or args.rollout
     live_only = [flag for flag, on in (("--dry-run", args.dry_run), ("--service-url", args.service_url),
@@ -208,10 +204,8 @@ def cmd_run(args) -> int:
     versions = [binary.release] if binary else resolve_controller_versions(args.controller)
     plan = legs.plan(versions, keys, args.variant or "stage", label=binary.label if binary else None,
                      **ropts)
-    left = [k for k in keys if k not in {x.lane for x in plan}]
-    if left:        # `all` lanes on a router some of them do not run on: said, never silently fewer
-        print(f"drills: lane(s) {', '.join(left)} run on {routers_of(left)} only: not in this run (--router "
-              f"{args.router})", file=sys.stderr)
+    for line in legs.left_out(keys, plan, args.router):     # `all` lanes, some not in the plan: said, never hidden
+        print(f"drills: {line}", file=sys.stderr)
     durations = legs.read_durations(Path(args.durations) if args.durations else None)
     doc = legs.plan_document(plan, durations, shard, args.durations or str(legs.durations_file()))
     if args.plan:

@@ -30,6 +30,7 @@ from pathlib import Path
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..cluster.swap import swap_controller
 from ..core import config
+from ..toolchain import resolve_controller_versions
 from ..core.wait import WaitTimeout, hold_for, until
 from ..drill.kit import ALL_STABLE_WITHIN_S, DrillRollout
 from ..drill.shapes import RolloutSpec
@@ -53,8 +54,12 @@ KEEP_LOG_BYTES = 4 << 20     # the new controller's log kept as evidence: at mos
 AFTER_SWAP_S = 15.0          # evidence window once every Rollout was reconciled: what the new controller writes next
 ABORT_TAKEN_S = 20.0         # a controller takes an abort within this, or it is announced again
 NEXT_S = 240.0               # a Rollout the new controller finishes (promoted, rolled back) settles within this
-RECONCILED = re.compile(r'msg="Reconciliation completed".*\bnamespace=(\S+).*\brollout=(\S+)')
-HASH_CHANGED = re.compile(r'msg="ComputePodTemplateHash hash changed[^"]*".*\bnamespace=(\S+).*\brollout=(\S+)')
+# the controller's log lines (logrus text) about one Rollout of the lane: a sync starts, completes, errs
+_OF = r'.*\bnamespace=(?P<ns>[a-z0-9-]+)\b.*\brollout=(?P<name>[a-z0-9.-]+)(?:\s|$)'
+SYNC = re.compile(r'msg="Started syncing rollout"' + _OF)
+RECONCILED = re.compile(r'msg="Reconciliation completed"' + _OF)
+ERROR = re.compile(r'level=error msg="(?P<msg>(?:[^"\\]|\\.)*)"' + _OF)
+HASH_CHANGED = re.compile(r'msg="ComputePodTemplateHash hash changed[^"]*"' + _OF)
 
 
 def pair_key(frm: str, to: str) -> str:
@@ -100,7 +105,8 @@ class LaneSwap(Runbook):
     uses_helm = True
 
     def __init__(self, ctx: LaneContext):
-        self.to = ctx.options.get("swap_to")
+        to = ctx.options.get("swap_to")
+        self.to = resolve_controller_versions(to)[0] if to else None     # an unknown version: BadInput, before all
         super().__init__(ctx)
         entry = self.expectation_versions().get(self.pair) if self.to else None
         self.verified = bool(entry) and not entry.get("unverified") and not ctx.options.get("user_built")
@@ -113,6 +119,8 @@ class LaneSwap(Runbook):
         self.swap_info: dict = {}
         self.controller_log: Path | None = None
         self.namespaces: dict[str, str] = {}
+        self.reconcile_errors: dict[str, list[str]] = {}
+        self.swapping = False
         # what a caller may narrow or add (the framework's own tests: a break injected into the swap): the states
         # made (STATES and "templates"), the new controller's extra flags, what runs while no controller runs
         self.states = tuple(ctx.options.get("swap_states") or (*STATES, "templates"))
@@ -159,6 +167,9 @@ class LaneSwap(Runbook):
         if self.ctx.cluster is None:
             raise StepFailed("lane swap replaces the controller of an embedded cluster; a live cluster's controller "
                              "is the platform's to upgrade")
+        if self.ctx.options.get("user_built") or self.to == self.ctx.version:
+            raise StepFailed(f"lane swap runs on a pair of two releases, not {self.pair} (a user-built controller is "
+                             f"not swapped in or out)")
         for state in [x for x in STATES if x in self.states]:
             self.ctx.log(f"swap {self.pair}: {state} under {self.ctx.version}")
             d = self._drill(state)
@@ -239,6 +250,7 @@ class LaneSwap(Runbook):
     def swap(self) -> dict:
         for d in self.drills.values():
             d.recording.mark("swap")
+        self.swapping = True                     # from here on close() puts the controller it found back
         self.swap_info = swap_controller(self.ctx.cluster, self.to, log=self.ctx.log, extra_args=self.controller_args,
                                          between=self.between)
         started = time.time()                    # the new controller's start
@@ -246,14 +258,26 @@ class LaneSwap(Runbook):
         state_of = {(d.ns, d.name): state for state, d in self.drills.items()}      # (namespace, Rollout) -> state
 
         def seen() -> dict:
-            text = logfile.read_text(errors="replace")[offset:]
+            """Read the new controller's log: a Rollout is reconciled by a sync that completed without an error
+            (its "Reconciliation completed" is logged after an error too)."""
+            erred: dict = {}
+            text = logfile.read_bytes()[offset:].decode(errors="replace")
+            self.hash_changed, self.reconcile_errors = {}, {}
             for line in text.splitlines():
-                m = RECONCILED.search(line)
-                if m and m.groups() in state_of:
-                    self.reconciled_s.setdefault(state_of[m.groups()], round(time.time() - started, 2))
-                m = HASH_CHANGED.search(line)
-                if m and m.groups() in state_of:
-                    self.hash_changed[state_of[m.groups()]] = self.hash_changed.get(state_of[m.groups()], 0) + 1
+                m = SYNC.search(line) or RECONCILED.search(line) or ERROR.search(line) or HASH_CHANGED.search(line)
+                key = m and (m.group("ns"), m.group("name"))
+                state = state_of.get(key) if m else None
+                if state is None:
+                    continue
+                if m.re is SYNC:
+                    erred[state] = False
+                elif m.re is ERROR:
+                    erred[state] = True
+                    self.reconcile_errors.setdefault(state, []).append(m.group("msg")[:300])
+                elif m.re is HASH_CHANGED:
+                    self.hash_changed[state] = self.hash_changed.get(state, 0) + 1
+                elif not erred.get(state):
+                    self.reconciled_s.setdefault(state, round(time.time() - started, 2))
             return self.reconciled_s
         try:
             until(f"controller {self.to} to reconcile every Rollout of the lane (its log's Reconciliation completed)",
@@ -261,8 +285,7 @@ class LaneSwap(Runbook):
                   describe=lambda r: f"reconciled: {sorted(r)}")
         except WaitTimeout as e:
             self.ctx.log(f"swap {self.pair}: {e}")
-        self.hash_changed = {}
-        seen()                                   # the counts once, over the whole log since the start
+        seen()                                   # the counts over the whole log since the start
         hold_for(AFTER_SWAP_S, "what the new controller writes once it has reconciled every Rollout")
         self.controller_log = self._keep_log(logfile, offset)
         for state, d in self.drills.items():
@@ -323,13 +346,18 @@ class LaneSwap(Runbook):
             replicasets_before=b.replicasets, replicasets_after=a.replicasets)
         row("revision-kept", b.revision, a.revision, a.revision != b.revision,
             f"the revision moved {b.revision} -> {a.revision} with no change of template")
-        added = sorted(set(a.pauses) - set(b.pauses))
+        added, removed = sorted(set(a.pauses) - set(b.pauses)), sorted(set(b.pauses) - set(a.pauses))
         row("no-new-pause", b.pauses, a.pauses, bool(added),
-            f"controller {self.to} added pause(s) {added}", pauses_removed=sorted(set(b.pauses) - set(a.pauses)))
+            f"controller {self.to} added pause(s) {added}", pauses_removed=removed)
+        if b.pauses:           # a paused Rollout that resumes by itself after the upgrade has moved on its own
+            row("pause-kept", b.pauses, a.pauses, bool(removed) or a.step != b.step,
+                f"controller {self.to} removed pause(s) {removed} (step {b.step} -> {a.step})")
         if state == "aborted":
             row("abort-kept", True, a.abort, not a.abort, f"the abort was lost across the swap ({a.phase})")
-        weights = [w for _, w in derived.canary_weight]
-        share = _available_share(a, d.hash_v1 if state == "rollback" else a.current, d.spec.replicas)
+        t_swap = next((t for t, label in derived.markers if label == "swap"), None)
+        weights = [w for t, w in derived.canary_weight if t_swap is not None and t >= t_swap]
+        # a rollback in flight may move up to what its available pods hold; anything else holds its weight
+        share = _available_share(a, d.hash_v1, d.spec.replicas) if state == "rollback" else 0
         ceiling = max(b.weight or 0, share)
         peak = max(weights, default=b.weight or 0)
         row("weight-not-raised", f"<= {ceiling}", peak, peak > ceiling,
@@ -337,8 +365,10 @@ class LaneSwap(Runbook):
             f"share the available pods hold ({share})", weights_after_swap=weights, available_share=share)
         took = self.reconciled_s.get(state)
         row("reconciled", f"<= {RECONCILE_WITHIN_S:g}s", took, took is None,
-            f"controller {self.to} did not reconcile the Rollout within {RECONCILE_WITHIN_S:g}s",
-            status_rewritten=_changed(b.status, a.status), controller_log=str(self.controller_log))
+            f"controller {self.to} did not reconcile the Rollout within {RECONCILE_WITHIN_S:g}s (a sync without an "
+            f"error: {len(self.reconcile_errors.get(state, []))} sync error(s) logged)",
+            status_rewritten=_changed(b.status, a.status), controller_log=str(self.controller_log),
+            sync_errors=self.reconcile_errors.get(state, [])[:5])
         return rows
 
     # --- then: under the new controller, the next rollback and what the old one left paused ------------------
@@ -409,16 +439,22 @@ class LaneSwap(Runbook):
         return rows
 
     def close(self) -> None:
-        """The holds released, the recordings stopped, and the controller the lane found put back (its CRDs
-        too): the cluster's next tests meet the version it was started with."""
+        """The holds released, the recordings stopped, the controller the lane found put back (its CRDs too, also
+        after a swap that stopped half-way: no controller running, or the new CRDs served), then the namespaces
+        removed: the cluster's next tests meet the version it was started with."""
         for d in self.drills.values():
             d.cleanup()
-        for ns in self.namespaces.values():
-            drop_namespace(self.ctx.api, ns)
-        if self.swap_info and self.ctx.cluster is not None:
-            self.ctx.log(f"swap {self.pair}: putting controller {self.ctx.version} back")
-            swap_controller(self.ctx.cluster, self.ctx.version, log=self.ctx.log)
-            self.ctx.cluster.update_state(swapped_from=None)
+        try:
+            if self.swapping and self.ctx.cluster is not None:
+                self.ctx.log(f"swap {self.pair}: putting controller {self.ctx.version} back")
+                swap_controller(self.ctx.cluster, self.ctx.version, log=self.ctx.log)
+                self.ctx.cluster.update_state(swapped_from=None)
+        finally:
+            for ns in self.namespaces.values():
+                try:
+                    drop_namespace(self.ctx.api, ns)
+                except Exception as e:           # the next one goes too; the cluster's own cleanup takes the rest
+                    self.ctx.log(f"swap {self.pair}: namespace {ns} not removed: {e}")
 
     @classmethod
     def expectation_keys(cls) -> list[str]:

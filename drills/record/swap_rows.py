@@ -9,7 +9,7 @@ from __future__ import annotations
 from .ledger import FAIL, INCONCLUSIVE, PASS, exit_code
 
 LANE = "swap"
-ORDER = {FAIL: 0, INCONCLUSIVE: 1}
+ORDER = {FAIL: 0, INCONCLUSIVE: 1, PASS: 3}
 
 
 def pair_of(row: dict) -> str | None:
@@ -29,12 +29,20 @@ def summarise(rows: list[dict]) -> list[dict]:
     for r in rows:
         key = (pair_of(r), str(r.get("step")))
         e = out.setdefault(key, {"pair": key[0], "state": key[1], "verdict": PASS, "assertions": {}})
-        e["assertions"][str(r.get("assertion"))] = {"verdict": r.get("verdict"), "expected": r.get("expected"),
-                                                    "observed": r.get("observed"), "reason": r.get("reason")}
-        v = r.get("verdict")
-        if ORDER.get(v, 9) < ORDER.get(e["verdict"], 9) or (e["verdict"] == PASS and v != PASS):
+        v, name = r.get("verdict"), str(r.get("assertion"))
+        held = e["assertions"].get(name)
+        if held is None or _worse(v, held["verdict"]):      # of two rows of one assertion, the worse counts
+            e["assertions"][name] = {"verdict": v, "expected": r.get("expected"), "observed": r.get("observed"),
+                                     "reason": r.get("reason")}
+        if _worse(v, e["verdict"]):
             e["verdict"] = v
-    return sorted(out.values(), key=lambda e: ORDER.get(e["verdict"], 9))
+    return sorted(out.values(), key=lambda e: ORDER.get(e["verdict"], 2))
+
+
+def _worse(v, than) -> bool:
+    """fail, then inconclusive, then any other verdict but pass, then pass."""
+    rank = lambda x: ORDER.get(x, 2 if x != PASS else 3)      # noqa: E731
+    return rank(v) < rank(than)
 
 
 def line(e: dict) -> str:

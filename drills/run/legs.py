@@ -83,6 +83,21 @@ def router_options(lanes_text: str | None, router_text: str | None) -> dict:
             "every_router": "all" in {t.strip() for t in (router_text or "").split(",")}}
 
 
+def left_out(lanes: list[str], legs: list[Leg], router_text: str | None) -> list[str]:
+    """Why lanes asked for (``all``) have no leg in the plan: a router they do not run on, or (lane swap) no pair."""
+    planned = {x.lane for x in legs}
+    names = routers.parse_names(router_text) if router_text else [routers.DEFAULT]
+    out = []
+    paired = SWAP_LANE in lanes and SWAP_LANE not in planned and set(names) & set(REGISTRY[SWAP_LANE].routers)
+    if paired:
+        out.append(f"lane {SWAP_LANE} runs on a pair of releases: none in this run (give two versions or more)")
+    left = [k for k in lanes if k not in planned and not (k == SWAP_LANE and paired)]
+    if left:
+        where = ", ".join(sorted({r for k in left for r in REGISTRY[k].routers}))
+        out.append(f"lane(s) {', '.join(left)} run on {where} only: not in this run (--router {router_text})")
+    return out
+
+
 def plan(versions: list[str], lanes: list[str], mode: str = "stage", label: str | None = None,
          router_names: list[str] | None = None, named: bool = False, every_router: bool = False) -> list[Leg]:
     """Versions as given, then lanes in order, each lane's variants, then routers; a lane runs on the routers its
@@ -101,8 +116,8 @@ def plan(versions: list[str], lanes: list[str], mode: str = "stage", label: str 
                            f"{', '.join(k for k, c in REGISTRY.items() if name in c.routers) or 'none'})")
     pairs = config.swap_pairs(versions) if SWAP_LANE in lanes and not label else []
     if named and SWAP_LANE in lanes and not pairs:
-        raise BadInput(f"--lanes {SWAP_LANE}: the lane swaps one controller for another; give two versions or more "
-                       f"(--controller A,B; a user-built controller is swapped by upgrade-check only)")
+        raise BadInput(f"--lanes {SWAP_LANE}: the lane swaps one release for another; give two versions or more "
+                       f"(--controller A,B; a user-built controller is not swapped)")
     legs = [Leg(v, lane, variant, label, router) for v in versions for lane in lanes if lane != SWAP_LANE
             for variant in lane_variants(lane, mode) for router in names if router in REGISTRY[lane].routers]
     return legs + [Leg(a, SWAP_LANE, variant, None, router, to=b) for a, b in pairs

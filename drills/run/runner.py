@@ -62,7 +62,9 @@ def cluster_name(version: str, versions: int = 2) -> str:
     """The embedded cluster of one controller version in a run: the default cluster's name when the run has one
     version (so `drills cluster status` finds a kept cluster), else that name plus the version."""
     base = config.cluster_name()
-    return base if versions == 1 else f"{base}-{re.sub(r'[^a-z0-9]+', '-', version.lower()).strip('-')}"
+    if versions == 1 and "-to-" not in version:     # a swap's cluster is its own always: its controller is replaced
+        return base
+    return f"{base}-{re.sub(r'[^a-z0-9]+', '-', version.lower()).strip('-')}"
 
 
 def say(message: str) -> None:
@@ -395,7 +397,7 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
         binaries: list[Binary] = (), keep_cluster: bool = False, meta: dict | None = None,
         log: Callable[[str], None] | None = None) -> tuple[int, Path, list[dict]]:
     log = log or say
-    keys = {x.label or x.controller for x in plan}
+    keys = {Run._key(x) for x in plan}
     for key in keys:          # every cluster the run will use has a plain name, before anything is made
         config.cluster_name(cluster_name(key, len(keys)))
     run_dir = Path(run_dir or config.reports_dir() / new_run_id())

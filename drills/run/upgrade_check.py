@@ -206,7 +206,11 @@ def _legs_of(meta: dict, sides: Sides, keys: list[str]) -> list[dict]:
         parts = leg_id.rsplit("/", 2)
         lane = x.get("lane") or (parts[1] if len(parts) == 3 else None)
         controller = x.get("controller") or parts[0]
-        if lane in keys and controller in (sides.baseline, sides.candidate) and router == sides.router:
+        if lane == swap.LANE:          # a swap leg belongs to the check when its pair is one of the check's
+            pair = f"{controller}->{x['to']}" if x.get("to") else parts[0]
+            if lane in keys and pair in swap_pairs(sides) and router == sides.router:
+                out.append(x)
+        elif lane in keys and controller in (sides.baseline, sides.candidate) and router == sides.router:
             out.append(x)
     return out
 
@@ -300,10 +304,12 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
         cand = legs.plan([sides.binary.release], keys, args.variant, label=sides.binary.label)
     else:
         cand = legs.plan([sides.candidate], keys, args.variant)
-    plan = swap_legs(sides, keys, args.variant) + interleave(base, cand)      # the swap legs first: the longest
     if swap.LANE in keys and sides.binary:
-        log(f"lane swap: a user-built candidate is not swapped in under live Rollouts (its chart is yours): "
-            f"only a release pair runs it")
+        if keys == [swap.LANE]:
+            raise BadInput("--lanes swap: a user-built candidate is not swapped in (lane swap runs on a pair of "
+                           "releases); give --to V, or other lanes")
+        log("lane swap: a user-built candidate is not swapped in (lane swap runs on a pair of releases)")
+    plan = swap_legs(sides, keys, args.variant) + interleave(base, cand)      # the swap legs first: the longest
     env = {"DRILLS_AVAILABILITY_CONTROL": "on", "DRILLS_ROLLBACK_VIA": "gitops"}
     meta = {"upgrade": {"baseline": sides.baseline, "candidate": sides.candidate}, "all_legs": [x.id for x in plan],
             **provenance.stamp(config.KUBERNETES_VERSION)}
