@@ -36,6 +36,7 @@ from ..drill.kit import ALL_STABLE_WITHIN_S, DrillRollout
 from ..drill.shapes import RolloutSpec
 from ..kube.rollout import HASH_LABEL, REVISION_ANNOTATION, Predicate, aborted, healthy, healthy_at, paused
 from ..record import timeline
+from .. import routers
 from ..record.ledger import FAIL, INCONCLUSIVE, PASS
 from .base import LaneContext, Runbook, StepFailed, step
 
@@ -48,7 +49,7 @@ STEPS = {
     "rollback": [{"setWeight": 5}, {"pause": {"duration": "10s"}}, {"setWeight": 100}],
 }
 TEMPLATE_ENV = "stage"       # the fixture fleet's environment whose renders give the template Rollouts
-TEMPLATE_KINDS = ("Rollout", "Service", "VirtualService", "DestinationRule")   # what a render brings that a Rollout uses
+TEMPLATE_KINDS = ("Rollout", "Service") + routers.OBJECT_KINDS   # what a render brings that a Rollout uses
 RECONCILE_WITHIN_S = 60.0    # the new controller reconciles every Rollout within this, or it does not settle
 KEEP_LOG_BYTES = 4 << 20     # the new controller's log kept as evidence: at most its last 4 MiB since the swap
 AFTER_SWAP_S = 15.0          # evidence window once every Rollout was reconciled: what the new controller writes next

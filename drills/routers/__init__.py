@@ -15,8 +15,10 @@ DEFAULT = ISTIO.name
 NAMES = tuple(ROUTERS)
 # the record kinds that carry weights, whatever the router
 ROUTE_KINDS = tuple(r.route_kind for r in ROUTERS.values())
+# the kinds of every router's own objects (a chart's render brings its router's)
+OBJECT_KINDS = tuple(k for r in ROUTERS.values() for k in r.object_kinds)
 
-__all__ = ["DEFAULT", "NAMES", "ROUTERS", "ROUTE_KINDS", "Route", "Source", "TrafficRouter", "Watch", "get",
+__all__ = ["DEFAULT", "NAMES", "OBJECT_KINDS", "ROUTERS", "ROUTE_KINDS", "Route", "Source", "TrafficRouter", "Watch", "get",
            "of_canary", "of_record", "parse_names"]
 
 

@@ -54,6 +54,7 @@ class TrafficRouter:
     key = ""                 # the key under trafficRouting
     routings: tuple = ()     # the RolloutSpec.routing forms it supports (subset: Istio's DestinationRule subsets)
     route_kind = ""          # the record kind whose objects carry the weights
+    object_kinds: tuple = ()  # the kinds of the router's own objects a drill's (or a chart's) manifests bring
     audit_resource = ("", "")  # (group, plural) of the route objects whose writes the audit log keeps
     crds: frozenset = frozenset()
     metrics_note = ""        # what the emulated data path's metrics are shaped like

@@ -223,6 +223,7 @@ class Istio(TrafficRouter):
     name = key = "istio"
     routings = ("subset", "host")
     route_kind = "VirtualService"
+    object_kinds = ("VirtualService", "DestinationRule")
     audit_resource = (GROUP, "virtualservices")
     crds = CRDS
     metrics_note = "Istio-shaped (istio_requests_total, reporter=source for all requests, reporter=destination " \

@@ -149,6 +149,7 @@ class Nginx(TrafficRouter):
     name = key = "nginx"
     routings = ("host",)          # nginx always routes by canaryService/stableService
     route_kind = "Ingress"
+    object_kinds = ("Ingress",)
     audit_resource = (GROUP, "ingresses")
     crds = frozenset()
     metrics_note = "ingress-nginx-shaped (nginx_ingress_controller_requests)"
