@@ -40,19 +40,42 @@ def test_swap_named_with_one_version_is_bad_input_and_all_lanes_leave_it_out():
 
 
 def test_a_sync_that_logged_an_error_is_no_reconcile_and_names_match_whole():
-    from drills.lanes import swap
-    lines = [
-        'level=info msg="Started syncing rollout" generation=3 namespace=sw-a resourceVersion=1 rollout=paused',
-        'level=error msg="failed to scale: Operation cannot be fulfilled on replicasets.apps \\"p-1\\": the object '
-        'has been modified" generation=3 namespace=sw-a resourceVersion=1 rollout=paused',
-        'level=info msg="Reconciliation completed" generation=3 namespace=sw-a resourceVersion=1 rollout=paused '
-        'time_ms=3.3',
-        'level=info msg="Reconciliation completed" generation=3 namespace=sw-a resourceVersion=1 rollout=paused2 '
-        'time_ms=3.3']
-    got = [(r.pattern.split('"')[1][:20], m.group("ns"), m.group("name")) for line in lines
-           for r in (swap.SYNC, swap.ERROR, swap.RECONCILED) if (m := r.search(line))]
-    assert got == [("Started syncing roll", "sw-a", "paused"), ("(?P<msg>(?:[^", "sw-a", "paused"),
-                   ("Reconciliation compl", "sw-a", "paused"), ("Reconciliation compl", "sw-a", "paused2")], got
+    from drills.record.controller_log import SyncLog
+    of = 'generation=3 namespace=sw-a resourceVersion=1 rollout='
+    lines = [f'level=info msg="Started syncing rollout" {of}paused',
+             'level=error msg="failed to scale: Operation cannot be fulfilled on replicasets.apps \\"p-1\\": the object '
+             f'has been modified" {of}paused',
+             f'level=info msg="Reconciliation completed" {of}paused time_ms=3.3',
+             f'level=info msg="Started syncing rollout" {of}paused2',
+             f'level=info msg="Reconciliation completed" {of}paused2 time_ms=3.3']
+    log = SyncLog({("sw-a", "paused"): "paused", ("sw-a", "paused2"): "p2", ("sw-a", "paused3"): "p3"})
+    # the sync of `paused` erred: not reconciled; `paused2` (a name that starts with `paused`) did
+    assert log.read("\n".join(lines), 1.5) == {"p2": 1.5}
+    assert log.error_count == {"paused": 1} and "the object has been modified" in log.errors["paused"][0]
+    # its next sync completes without an error: reconciled, at the elapsed seconds of the read that saw it
+    assert log.read("\n".join(lines + lines[:1] + lines[2:3]), 4.0) == {"p2": 1.5, "paused": 4.0}
+
+
+def test_the_readiness_guards_hold_is_a_sync_doing_its_work_not_an_error():
+    # the Istio subset guard returns an error while it holds the weight (the ReplicaSet not fully available):
+    # rollout/trafficrouting/istio/istio.go; an in-flight rollback logs it on every sync until its pods are up
+    from drills.record.controller_log import SyncLog
+    of = 'namespace=sw-r rollout=rollback'
+    lines = [f'level=info msg="Started syncing rollout" generation=5 {of}',
+             f'level=error msg="roCtx.reconcile err delaying destination rule switch: ReplicaSet rollback-784f8856bc '
+             f'not fully available" generation=5 {of} resourceVersion=941',
+             f'level=error msg="rollout syncHandler error: delaying destination rule switch: ReplicaSet '
+             f'rollback-784f8856bc not fully available" {of}',
+             'level=error msg="delaying destination rule switch: ReplicaSet rollback-784f8856bc not fully available" '
+             'error="<nil>"',
+             f'level=info msg="Reconciliation completed" generation=5 {of} time_ms=2.1']
+    log = SyncLog({("sw-r", "rollback"): "rollback"})
+    assert log.read("\n".join(lines), 2.0) == {"rollback": 2.0}
+    assert log.guard_delays == {"rollback": 2} and log.error_count == {}
+    # any other error in the same sync still makes it none
+    other = lines[:1] + [f'level=error msg="failed to reconcile: boom" {of}'] + lines[1:]
+    log = SyncLog({("sw-r", "rollback"): "rollback"})
+    assert log.read("\n".join(other), 2.0) == {} and log.error_count == {"rollback": 1}
 
 
 def test_lanes_left_out_say_why():

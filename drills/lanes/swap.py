@@ -36,6 +36,7 @@ from ..drill.kit import ALL_STABLE_WITHIN_S, DrillRollout
 from ..drill.shapes import RolloutSpec
 from ..kube.rollout import HASH_LABEL, REVISION_ANNOTATION, Predicate, aborted, healthy, healthy_at, paused
 from ..record import timeline
+from ..record.controller_log import SyncLog
 from .. import routers
 from ..record.ledger import FAIL, INCONCLUSIVE, PASS
 from .base import LaneContext, Runbook, StepFailed, step
@@ -55,13 +56,6 @@ KEEP_LOG_BYTES = 4 << 20     # the new controller's log kept as evidence: at mos
 AFTER_SWAP_S = 15.0          # evidence window once every Rollout was reconciled: what the new controller writes next
 ABORT_TAKEN_S = 20.0         # a controller takes an abort within this, or it is announced again
 NEXT_S = 240.0               # a Rollout the new controller finishes (promoted, rolled back) settles within this
-# the controller's log lines (logrus text) about one Rollout of the lane: a sync starts, completes, errs
-_OF = r'.*\bnamespace=(?P<ns>[a-z0-9-]+)\b.*\brollout=(?P<name>[a-z0-9.-]+)(?:\s|$)'
-SYNC = re.compile(r'msg="Started syncing rollout"' + _OF)
-RECONCILED = re.compile(r'msg="Reconciliation completed"' + _OF)
-ERROR = re.compile(r'level=error msg="(?P<msg>(?:[^"\\]|\\.)*)"' + _OF)
-HASH_CHANGED = re.compile(r'msg="ComputePodTemplateHash hash changed[^"]*"' + _OF)
-
 
 def pair_key(frm: str, to: str) -> str:
     """The key of a version pair: the leg's and the expectation file's."""
@@ -115,12 +109,10 @@ class LaneSwap(Runbook):
         self.drills: dict[str, DrillRollout] = {}
         self.before: dict[str, Snapshot] = {}
         self.after: dict[str, Snapshot] = {}
-        self.reconciled_s: dict[str, float | None] = {}
-        self.hash_changed: dict[str, int] = {}
+        self.sync_log = SyncLog({})           # the new controller's log: reconciled, sync errors, hash changes
         self.swap_info: dict = {}
         self.controller_log: Path | None = None
         self.namespaces: dict[str, str] = {}
-        self.reconcile_errors: dict[str, list[str]] = {}
         self.swapping = False
         # what a caller may narrow or add (the framework's own tests: a break injected into the swap): the states
         # made (STATES and "templates"), the new controller's extra flags, what runs while no controller runs
@@ -256,30 +248,11 @@ class LaneSwap(Runbook):
                                          between=self.between)
         started = time.time()                    # the new controller's start
         logfile, offset = Path(self.swap_info["log"]), self.swap_info["log_offset"]
-        state_of = {(d.ns, d.name): state for state, d in self.drills.items()}      # (namespace, Rollout) -> state
+        self.sync_log = SyncLog({(d.ns, d.name): state for state, d in self.drills.items()})
 
         def seen() -> dict:
-            """Read the new controller's log: a Rollout is reconciled by a sync that completed without an error
-            (its "Reconciliation completed" is logged after an error too)."""
-            erred: dict = {}
-            text = logfile.read_bytes()[offset:].decode(errors="replace")
-            self.hash_changed, self.reconcile_errors = {}, {}
-            for line in text.splitlines():
-                m = SYNC.search(line) or RECONCILED.search(line) or ERROR.search(line) or HASH_CHANGED.search(line)
-                key = m and (m.group("ns"), m.group("name"))
-                state = state_of.get(key) if m else None
-                if state is None:
-                    continue
-                if m.re is SYNC:
-                    erred[state] = False
-                elif m.re is ERROR:
-                    erred[state] = True
-                    self.reconcile_errors.setdefault(state, []).append(m.group("msg")[:300])
-                elif m.re is HASH_CHANGED:
-                    self.hash_changed[state] = self.hash_changed.get(state, 0) + 1
-                elif not erred.get(state):
-                    self.reconciled_s.setdefault(state, round(time.time() - started, 2))
-            return self.reconciled_s
+            return self.sync_log.read(logfile.read_bytes()[offset:].decode(errors="replace"), time.time() - started)
+
         try:
             until(f"controller {self.to} to reconcile every Rollout of the lane (its log's Reconciliation completed)",
                   seen, lambda r: set(r) >= set(self.drills), timeout=RECONCILE_WITHIN_S, interval=0.2,
@@ -324,7 +297,7 @@ class LaneSwap(Runbook):
         evidence = str(rec.path)
         common = dict(evidence=evidence, pair=self.pair, state=state, controller_from=self.ctx.version,
                       controller_to=self.to, step_index=[b.step, a.step], phase=[b.phase, a.phase],
-                      hash_changed_log_lines=self.hash_changed.get(state, 0), swap=self.swap_info.get("seconds"))
+                      hash_changed_log_lines=self.sync_log.hash_changed.get(state, 0), swap=self.swap_info.get("seconds"))
         rows = []
 
         def row(assertion: str, expected, observed, regression: bool | None, why: str, **extra):
@@ -364,12 +337,13 @@ class LaneSwap(Runbook):
         row("weight-not-raised", f"<= {ceiling}", peak, peak > ceiling,
             f"controller {self.to} wrote a canary weight of {peak} over both the weight before ({b.weight}) and the "
             f"share the available pods hold ({share})", weights_after_swap=weights, available_share=share)
-        took = self.reconciled_s.get(state)
+        log = self.sync_log
+        took = log.reconciled.get(state)
         row("reconciled", f"<= {RECONCILE_WITHIN_S:g}s", took, took is None,
             f"controller {self.to} did not reconcile the Rollout within {RECONCILE_WITHIN_S:g}s (a sync without an "
-            f"error: {len(self.reconcile_errors.get(state, []))} sync error(s) logged)",
+            f"error: {log.error_count.get(state, 0)} sync error(s) logged)",
             status_rewritten=_changed(b.status, a.status), controller_log=str(self.controller_log),
-            sync_errors=self.reconcile_errors.get(state, [])[:5])
+            sync_errors=log.errors.get(state, [])[:5], guard_delays=log.guard_delays.get(state, 0))
         return rows
 
     # --- then: under the new controller, the next rollback and what the old one left paused ------------------

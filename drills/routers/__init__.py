@@ -17,8 +17,10 @@ NAMES = tuple(ROUTERS)
 ROUTE_KINDS = tuple(r.route_kind for r in ROUTERS.values())
 # the kinds of every router's own objects (a chart's render brings its router's)
 OBJECT_KINDS = tuple(k for r in ROUTERS.values() for k in r.object_kinds)
+# a sync error that is a router's readiness guard holding a weight by design (the sync did its work), any router
+GUARD_DELAYS = tuple(r.guard_delay for r in ROUTERS.values() if r.guard_delay)
 
-__all__ = ["DEFAULT", "NAMES", "OBJECT_KINDS", "ROUTERS", "ROUTE_KINDS", "Route", "Source", "TrafficRouter", "Watch", "get",
+__all__ = ["DEFAULT", "GUARD_DELAYS", "NAMES", "OBJECT_KINDS", "ROUTERS", "ROUTE_KINDS", "Route", "Source", "TrafficRouter", "Watch", "get",
            "of_canary", "of_record", "parse_names"]
 
 

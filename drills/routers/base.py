@@ -55,6 +55,9 @@ class TrafficRouter:
     routings: tuple = ()     # the RolloutSpec.routing forms it supports (subset: Istio's DestinationRule subsets)
     route_kind = ""          # the record kind whose objects carry the weights
     object_kinds: tuple = ()  # the kinds of the router's own objects a drill's (or a chart's) manifests bring
+    # the error a sync returns by design while the router's readiness guard holds a weight (the controller requeues
+    # and tries again): a regex over the logged message, None for a router without such a guard
+    guard_delay: str | None = None
     audit_resource = ("", "")  # (group, plural) of the route objects whose writes the audit log keeps
     crds: frozenset = frozenset()
     metrics_note = ""        # what the emulated data path's metrics are shaped like

@@ -224,6 +224,8 @@ class Istio(TrafficRouter):
     routings = ("subset", "host")
     route_kind = "VirtualService"
     object_kinds = ("VirtualService", "DestinationRule")
+    # rollout/trafficrouting/istio/istio.go (v1.8.2 :330, v1.10.2 :382): the subset switch waits for a full ReplicaSet
+    guard_delay = r"delaying destination rule switch: ReplicaSet \S+ not fully available"
     audit_resource = (GROUP, "virtualservices")
     crds = CRDS
     metrics_note = "Istio-shaped (istio_requests_total, reporter=source for all requests, reporter=destination " \
