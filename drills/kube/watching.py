@@ -11,6 +11,7 @@ called (from another thread too), or ``deadline`` (a time.monotonic() value) pas
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import Callable
@@ -22,6 +23,17 @@ from .api import transient
 
 GONE = 410
 WATCH_SECONDS = 240
+CORRUPT_IN_A_ROW = 5     # streams in a row whose first line is no JSON: the server's answer, not a cut
+
+
+class CorruptStream(ConnectionError):
+    """A watch line that is no JSON: a connection cut mid-line (a fault, or ``cut()``) can leave part of a line or
+    the chunked encoding's framing in it.  The event's resourceVersion was never delivered, so resuming from the
+    last one delivered replays it: a dropped connection, as long as it is not every stream's first line."""
+
+
+class WatchGarbled(RuntimeError):
+    """CORRUPT_IN_A_ROW streams in a row sent a line that is no JSON: the server's answer, never resumed."""
 
 
 class ListWatch:
@@ -32,6 +44,7 @@ class ListWatch:
         self.resource_version: str | None = None
         self.reconnects = 0
         self.relists = 0
+        self.corrupt = 0          # streams cut mid-line, in a row (reset by a line that decodes)
         self._resp = None
 
     # --- control ----------------------------------------------------------------------------------------
@@ -113,7 +126,15 @@ class ListWatch:
                     return False
                 if not line.strip():
                     continue
-                ev = json.loads(line)
+                try:
+                    ev = json.loads(line)
+                except ValueError as e:
+                    self.corrupt += 1
+                    if self.corrupt >= CORRUPT_IN_A_ROW:
+                        raise WatchGarbled(f"{self.corrupt} watch streams in a row sent a line that is no JSON: "
+                                           f"{e}") from None
+                    raise CorruptStream(f"a watch line that is no JSON ({e}): cut mid-line") from None
+                self.corrupt = 0
                 obj, kind = ev["object"], ev["type"]
                 if kind == "ERROR":
                     raise ApiException(status=obj.get("code"), reason=obj.get("message"))
@@ -137,5 +158,7 @@ class ListWatch:
 def _dropped(e: BaseException) -> bool:
     """A connection the server or a fault closed mid-stream (urllib3 and http.client say it in many ways)."""
     name = type(e).__name__
+    if isinstance(e, CorruptStream):
+        return True
     return any(k in name for k in ("Connection", "Protocol", "IncompleteRead", "ReadTimeout", "Timeout")) \
-        or isinstance(e, (ValueError, AttributeError)) and "closed" in str(e).lower()
+        or isinstance(e, (ValueError, AttributeError)) and re.search(r"\bclosed\b", str(e).lower()) is not None

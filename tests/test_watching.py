@@ -1,0 +1,78 @@
+"""The watch loop (drills.kube.watching) against a real HTTP server on 127.0.0.1 that answers as an apiserver's
+watch does, except where a test makes its stream break."""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+import urllib3
+
+from drills.kube.watching import CORRUPT_IN_A_ROW, ListWatch, WatchGarbled
+
+
+def _event(rv: int) -> bytes:
+    return json.dumps({"type": "MODIFIED", "object": {"metadata": {"name": "r", "resourceVersion": str(rv)}}}).encode()
+
+
+class _Server:
+    """Serves the list at rv 1 and each watch from the ``streams`` given (one per request, in order)."""
+
+    def __init__(self, streams: list[bytes]):
+        self.streams, self.asked = list(streams), []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                outer.asked.append(self.path)
+                body = (outer.streams.pop(0) if outer.streams else b"") if "watch=True" in self.path else \
+                    json.dumps({"metadata": {"resourceVersion": "1"}, "items": []}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.pool = urllib3.PoolManager()
+
+    def list_fn(self, watch=False, resource_version=None, _preload_content=False, **_):
+        url = f"http://127.0.0.1:{self.httpd.server_port}/r?watch={watch}&rv={resource_version}"
+        return self.pool.request("GET", url, preload_content=False, timeout=5)
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_stream_cut_mid_line_resumes_from_the_last_version_delivered():
+    # the chunked encoding's framing inside a line (\r\n1f4\r\n): what a connection cut mid-chunk leaves
+    cut = _event(3)[:40] + b"\r\n1f4\r\n" + _event(3)[40:]
+    srv = _Server([_event(2) + b"\n" + cut + b"\n", _event(3) + b"\n" + _event(4) + b"\n"])
+    seen = []
+    try:
+        lw = ListWatch(srv.list_fn)
+        ended = lw.run(lambda items, rv, relisted: None,
+                       lambda kind, obj: seen.append(obj["metadata"]["resourceVersion"]) or len(seen) == 3)
+    finally:
+        srv.close()
+    assert ended and seen == ["2", "3", "4"], seen
+    assert lw.reconnects == 1 and lw.corrupt == 0
+    assert "rv=2" in srv.asked[-1], srv.asked        # resumed from the last version delivered, not relisted
+
+
+def test_a_server_that_only_sends_lines_that_are_no_json_is_an_error_not_a_loop():
+    srv = _Server([b"{not json\n"] * (CORRUPT_IN_A_ROW + 2))
+    try:
+        with pytest.raises(WatchGarbled, match=f"{CORRUPT_IN_A_ROW} watch streams in a row"):
+            ListWatch(srv.list_fn).run(lambda *a: None, lambda *a: None, deadline=time.monotonic() + 60)
+    finally:
+        srv.close()
