@@ -2,6 +2,8 @@
 the lane must catch (a new controller that ignores every Rollout; an abort lost while no controller runs)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from drills.cluster.swap import swap_controller
@@ -39,43 +41,66 @@ def test_swap_named_with_one_version_is_bad_input_and_all_lanes_leave_it_out():
     assert all(x.lane != "swap" for x in legs.plan(["v1.8.2"], ["a", "swap"], named=False))
 
 
+def _at(t: int, line: str) -> str:
+    return time.strftime('time="%Y-%m-%dT%H:%M:%SZ" ', time.gmtime(t)) + line
+
+
 def test_a_sync_that_logged_an_error_is_no_reconcile_and_names_match_whole():
+    # the order the controller logs in: the completion (deferred), then the work queue's "syncHandler error"
     from drills.record.controller_log import SyncLog
-    of = 'generation=3 namespace=sw-a resourceVersion=1 rollout='
-    lines = [f'level=info msg="Started syncing rollout" {of}paused',
-             'level=error msg="failed to scale: Operation cannot be fulfilled on replicasets.apps \\"p-1\\": the object '
-             f'has been modified" {of}paused',
-             f'level=info msg="Reconciliation completed" {of}paused time_ms=3.3',
-             f'level=info msg="Started syncing rollout" {of}paused2',
-             f'level=info msg="Reconciliation completed" {of}paused2 time_ms=3.3']
+    of, t = 'generation=3 namespace=sw-a resourceVersion=1 rollout=', 1_800_000_000
+    lines = [_at(t, f'level=info msg="Started syncing rollout" {of}paused'),
+             _at(t, f'level=info msg="Reconciliation completed" {of}paused time_ms=3.3'),
+             _at(t, 'level=error msg="rollout syncHandler error: failed to scale: Operation cannot be fulfilled on '
+                 f'replicasets.apps \\"p-1\\": the object has been modified" {of}paused'),
+             _at(t, f'level=info msg="Started syncing rollout" {of}paused2'),
+             _at(t, f'level=info msg="Reconciliation completed" {of}paused2 time_ms=3.3'),
+             _at(t, f'level=info msg="Started syncing rollout" {of}paused3'),
+             _at(t, f'level=info msg="Reconciliation completed" {of}paused3 time_ms=3.3'),
+             _at(t, f'level=error msg="Recovered from panic: boom\\ngoroutine 1" {of}paused3'),
+             _at(t, f'level=error msg="rollout syncHandler error: Recovered from Panic" {of}paused3')]
     log = SyncLog({("sw-a", "paused"): "paused", ("sw-a", "paused2"): "p2", ("sw-a", "paused3"): "p3"})
-    # the sync of `paused` erred: not reconciled; `paused2` (a name that starts with `paused`) did
-    assert log.read("\n".join(lines), 1.5) == {"p2": 1.5}
-    assert log.error_count == {"paused": 1} and "the object has been modified" in log.errors["paused"][0]
-    # its next sync completes without an error: reconciled, at the elapsed seconds of the read that saw it
-    assert log.read("\n".join(lines + lines[:1] + lines[2:3]), 4.0) == {"p2": 1.5, "paused": 4.0}
+    # within SETTLE_S of the completion nothing counts yet (its error may still come)
+    assert log.read("\n".join(lines) + "\n", 1.0, now=t + 1) == {}
+    # later: `paused2` (a name that starts with `paused`) reconciled; the failed sync and the panic did not
+    assert log.read("\n".join(lines) + "\n", 1.5, now=t + 3) == {"p2": 1.5}
+    assert log.error_count == {"paused": 1, "p3": 2} and "the object has been modified" in log.errors["paused"][0]
+    # its next sync completes without an error: reconciled at the next sync's start, whatever the clock
+    more = [_at(t + 4, f'level=info msg="Started syncing rollout" {of}paused'),
+            _at(t + 4, f'level=info msg="Reconciliation completed" {of}paused time_ms=3.3'),
+            _at(t + 5, f'level=info msg="Started syncing rollout" {of}paused')]
+    assert log.read("\n".join(lines + more) + "\n", 6.0, now=t + 5) == {"p2": 1.5, "paused": 6.0}
+    # a line still being written (no newline yet) is left for the next read: `rollout=paused` of `paused3`
+    log = SyncLog({("sw-a", "paused"): "paused"})
+    assert log.read(_at(t, f'level=info msg="Started syncing rollout" {of}paused\n')
+                    + _at(t, f'level=info msg="Reconciliation completed" {of}paused'), 1.0, now=t + 9) == {}
 
 
 def test_the_readiness_guards_hold_is_a_sync_doing_its_work_not_an_error():
     # the Istio subset guard returns an error while it holds the weight (the ReplicaSet not fully available):
     # rollout/trafficrouting/istio/istio.go; an in-flight rollback logs it on every sync until its pods are up
+    from drills import routers
     from drills.record.controller_log import SyncLog
-    of = 'namespace=sw-r rollout=rollback'
-    lines = [f'level=info msg="Started syncing rollout" generation=5 {of}',
-             f'level=error msg="roCtx.reconcile err delaying destination rule switch: ReplicaSet rollback-784f8856bc '
-             f'not fully available" generation=5 {of} resourceVersion=941',
-             f'level=error msg="rollout syncHandler error: delaying destination rule switch: ReplicaSet '
-             f'rollback-784f8856bc not fully available" {of}',
-             'level=error msg="delaying destination rule switch: ReplicaSet rollback-784f8856bc not fully available" '
-             'error="<nil>"',
-             f'level=info msg="Reconciliation completed" generation=5 {of} time_ms=2.1']
-    log = SyncLog({("sw-r", "rollback"): "rollback"})
-    assert log.read("\n".join(lines), 2.0) == {"rollback": 2.0}
+    of, t = 'namespace=sw-r rollout=rollback', 1_800_000_000
+    lines = [_at(t, f'level=info msg="Started syncing rollout" generation=5 {of}'),
+             _at(t, 'level=error msg="roCtx.reconcile err delaying destination rule switch: ReplicaSet '
+                 f'rollback-784f8856bc not fully available" generation=5 {of} resourceVersion=941'),
+             _at(t, 'level=error msg="delaying destination rule switch: ReplicaSet rollback-784f8856bc not fully '
+                 'available" error="<nil>"'),
+             _at(t, f'level=info msg="Reconciliation completed" generation=5 {of} time_ms=2.1'),
+             _at(t, 'level=error msg="rollout syncHandler error: delaying destination rule switch: ReplicaSet '
+                 f'rollback-784f8856bc not fully available" {of}')]
+    text = "\n".join(lines) + "\n"
+    log = SyncLog({("sw-r", "rollback"): "rollback"}, routers.get("istio"))
+    assert log.read(text, 2.0, now=t + 3) == {"rollback": 2.0}
     assert log.guard_delays == {"rollback": 2} and log.error_count == {}
-    # any other error in the same sync still makes it none
-    other = lines[:1] + [f'level=error msg="failed to reconcile: boom" {of}'] + lines[1:]
-    log = SyncLog({("sw-r", "rollback"): "rollback"})
-    assert log.read("\n".join(other), 2.0) == {} and log.error_count == {"rollback": 1}
+    # a router without that guard: the same lines are errors
+    log = SyncLog({("sw-r", "rollback"): "rollback"}, routers.get("nginx"))
+    assert log.read(text, 2.0, now=t + 3) == {} and log.error_count == {"rollback": 2}
+    # any other error of the sync still makes it none
+    other = lines + [_at(t, f'level=error msg=boom {of}')]
+    log = SyncLog({("sw-r", "rollback"): "rollback"}, routers.get("istio"))
+    assert log.read("\n".join(other) + "\n", 2.0, now=t + 3) == {} and log.errors == {"rollback": ["boom"]}
 
 
 def test_lanes_left_out_say_why():

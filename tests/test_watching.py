@@ -53,15 +53,19 @@ class _Server:
         self.httpd.server_close()
 
 
-def test_a_stream_cut_mid_line_resumes_from_the_last_version_delivered():
-    # the chunked encoding's framing inside a line (\r\n1f4\r\n): what a connection cut mid-chunk leaves
-    cut = _event(3)[:40] + b"\r\n1f4\r\n" + _event(3)[40:]
-    srv = _Server([_event(2) + b"\n" + cut + b"\n", _event(3) + b"\n" + _event(4) + b"\n"])
+@pytest.mark.parametrize("garbage", [
+    pytest.param(_event(3)[:40] + b"\r\n1f4\r\n" + _event(3)[40:], id="framing-inside-a-line"),
+    pytest.param(b"200", id="a-chunk-size-of-digits-alone"),       # JSON (a number), but no event
+])
+def test_a_stream_cut_mid_line_resumes_from_the_last_version_delivered(garbage):
+    # the chunked encoding's framing in the stream: what a connection cut mid-chunk leaves
+    srv = _Server([_event(2) + b"\n" + garbage + b"\n", _event(3) + b"\n" + _event(4) + b"\n"])
     seen = []
     try:
         lw = ListWatch(srv.list_fn)
         ended = lw.run(lambda items, rv, relisted: None,
-                       lambda kind, obj: seen.append(obj["metadata"]["resourceVersion"]) or len(seen) == 3)
+                       lambda kind, obj: seen.append(obj["metadata"]["resourceVersion"]) or len(seen) == 3,
+                       deadline=time.monotonic() + 60)
     finally:
         srv.close()
     assert ended and seen == ["2", "3", "4"], seen

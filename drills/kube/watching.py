@@ -129,11 +129,9 @@ class ListWatch:
                 try:
                     ev = json.loads(line)
                 except ValueError as e:
-                    self.corrupt += 1
-                    if self.corrupt >= CORRUPT_IN_A_ROW:
-                        raise WatchGarbled(f"{self.corrupt} watch streams in a row sent a line that is no JSON: "
-                                           f"{e}") from None
-                    raise CorruptStream(f"a watch line that is no JSON ({e}): cut mid-line") from None
+                    raise self._garbled(f"a watch line that is no JSON ({e}): cut mid-line") from None
+                if not (isinstance(ev, dict) and isinstance(ev.get("object"), dict) and "type" in ev):
+                    raise self._garbled(f"a watch line that is no event: {line[:80]!r}")    # e.g. a chunk size
                 self.corrupt = 0
                 obj, kind = ev["object"], ev["type"]
                 if kind == "ERROR":
@@ -153,6 +151,14 @@ class ListWatch:
             except Exception:
                 pass
         return False
+
+
+    def _garbled(self, what: str) -> Exception:
+        """A line that is no event: CorruptStream (resumed), or WatchGarbled after CORRUPT_IN_A_ROW in a row."""
+        self.corrupt += 1
+        if self.corrupt >= CORRUPT_IN_A_ROW:
+            return WatchGarbled(f"{self.corrupt} watch streams in a row sent a line that is no event: {what}")
+        return CorruptStream(what)
 
 
 def _dropped(e: BaseException) -> bool:

@@ -248,7 +248,8 @@ class LaneSwap(Runbook):
                                          between=self.between)
         started = time.time()                    # the new controller's start
         logfile, offset = Path(self.swap_info["log"]), self.swap_info["log_offset"]
-        self.sync_log = SyncLog({(d.ns, d.name): state for state, d in self.drills.items()})
+        self.sync_log = SyncLog({(d.ns, d.name): state for state, d in self.drills.items()},
+                                routers.get(self.ctx.router))
 
         def seen() -> dict:
             return self.sync_log.read(logfile.read_bytes()[offset:].decode(errors="replace"), time.time() - started)
@@ -259,8 +260,8 @@ class LaneSwap(Runbook):
                   describe=lambda r: f"reconciled: {sorted(r)}")
         except WaitTimeout as e:
             self.ctx.log(f"swap {self.pair}: {e}")
-        seen()                                   # the counts over the whole log since the start
         hold_for(AFTER_SWAP_S, "what the new controller writes once it has reconciled every Rollout")
+        seen()                                   # the counts over the whole log since the start
         self.controller_log = self._keep_log(logfile, offset)
         for state, d in self.drills.items():
             self.after[state] = Snapshot.of(d)
