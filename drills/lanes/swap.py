@@ -36,6 +36,7 @@ from ..drill.kit import ALL_STABLE_WITHIN_S, DrillRollout
 from ..drill.shapes import RolloutSpec
 from ..kube.rollout import HASH_LABEL, REVISION_ANNOTATION, Predicate, aborted, healthy, healthy_at, paused
 from ..record import timeline
+from ..record import swap_rows
 from ..record.controller_log import SyncLog
 from .. import routers
 from ..record.ledger import FAIL, INCONCLUSIVE, PASS
@@ -94,7 +95,7 @@ class Snapshot:
 
 
 class LaneSwap(Runbook):
-    key = "swap"
+    key = swap_rows.LANE
     title = "The controller upgrade under live Rollouts: what the new controller does with the old one's state"
     estimate_s = 420.0
     uses_helm = True
@@ -149,7 +150,7 @@ class LaneSwap(Runbook):
     @property
     def evidence(self) -> Path:
         """This pair's folder: two pairs from one version (v1.8.2->v1.8.5, v1.8.2->v1.10.2) share the version's."""
-        return Path(self.ctx.evidence_dir) / "swap" / re.sub(r"[^A-Za-z0-9.]+", "-", self.pair)
+        return Path(self.ctx.evidence_dir) / self.key / re.sub(r"[^A-Za-z0-9.]+", "-", self.pair)
 
     # --- given: the states under the old controller --------------------------------------------------------
     @step()

@@ -27,6 +27,7 @@ from .. import routers
 from ..core.errors import BadInput
 from ..lanes import REGISTRY
 from ..lanes.base import Runbook
+from ..record import swap_rows
 from ..record.ledger import exit_code
 
 # a leg never measured: rough minutes per lane on the embedded cluster (replaced by measured durations)
@@ -64,8 +65,7 @@ class Leg:
         return d
 
 
-SWAP_LANE = "swap"
-
+SWAP_LANE = swap_rows.LANE      # the lane that runs on a pair of releases
 
 
 def lane_variants(lane: str, mode: str) -> tuple[str, ...]:
