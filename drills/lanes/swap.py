@@ -113,6 +113,7 @@ class LaneSwap(Runbook):
         self.sync_log = SyncLog({})           # the new controller's log: reconciled, sync errors, hash changes
         self.swap_info: dict = {}
         self.controller_log: Path | None = None
+        self.controller_log_cut = 0                 # bytes of the new controller's log left out of the kept copy
         self.namespaces: dict[str, str] = {}
         self.swapping = False
         # what a caller may narrow or add (the framework's own tests: a break injected into the swap): the states
@@ -270,14 +271,16 @@ class LaneSwap(Runbook):
         return self.swap_info
 
     def _keep_log(self, logfile: Path, offset: int) -> Path:
-        """What the new controller said since its start (the last KEEP_LOG_BYTES of it), kept beside the timelines:
-        the evidence of the ``reconciled`` rows (the cluster's own log goes with the cluster)."""
+        """What the new controller said since its start (its first KEEP_LOG_BYTES: the syncs the ``reconciled`` rows
+        count come first), kept beside the timelines (the cluster's own log goes with the cluster); a cut is said in
+        the rows (``controller_log_cut``: the bytes left out)."""
         dest = self.evidence / f"controller-{self.to}.log"
         dest.parent.mkdir(parents=True, exist_ok=True)
         with open(logfile, "rb") as fh:
             size = fh.seek(0, 2)
-            fh.seek(max(offset, size - KEEP_LOG_BYTES))
+            fh.seek(offset)
             dest.write_bytes(fh.read(KEEP_LOG_BYTES))
+        self.controller_log_cut = max(0, size - offset - KEEP_LOG_BYTES)
         return dest
 
     # --- then: what moved, with directions -----------------------------------------------------------------
@@ -336,15 +339,17 @@ class LaneSwap(Runbook):
         share = _available_share(a, d.hash_v1, d.spec.replicas) if state == "rollback" else 0
         ceiling = max(b.weight or 0, share)
         peak = max(weights, default=b.weight or 0)
-        row("weight-not-raised", f"<= {ceiling}", peak, peak > ceiling,
+        row("weight-not-raised", f"<= {ceiling}", peak, None if t_swap is None else peak > ceiling,
+            "the recording has no swap marker: the weights after the swap are unknown" if t_swap is None else
             f"controller {self.to} wrote a canary weight of {peak} over both the weight before ({b.weight}) and the "
             f"share the available pods hold ({share})", weights_after_swap=weights, available_share=share)
         log = self.sync_log
         took = log.reconciled.get(state)
-        row("reconciled", f"<= {RECONCILE_WITHIN_S:g}s", took, took is None,
+        row("reconciled", f"<= {RECONCILE_WITHIN_S:g}s", took, took is None or took > RECONCILE_WITHIN_S,
             f"controller {self.to} did not reconcile the Rollout within {RECONCILE_WITHIN_S:g}s (a sync without an "
             f"error: {log.error_count.get(state, 0)} sync error(s) logged)",
             status_rewritten=_changed(b.status, a.status), controller_log=str(self.controller_log),
+            controller_log_cut=self.controller_log_cut,
             sync_errors=log.errors.get(state, [])[:5], guard_delays=log.guard_delays.get(state, 0))
         return rows
 
