@@ -140,8 +140,8 @@ def kwokctl_configuration(tc, folder: Path, ports: list[int], api_port: int | No
     patches.append({"name": "etcd", "extraArgs": [{"key": "heartbeat-interval", "value": str(ETCD_TICK_MS)},
                                                   {"key": "election-timeout", "value": str(5 * ETCD_TICK_MS)}]})
     # a short-lived cluster on a small machine: the Go collector of the control plane runs at a quarter of its
-    # default pace (GOGC, benchmarks/bench_cluster.py): the apiserver's start-up takes a third less CPU for
-    # ~100 MiB more heap; the controller under test keeps its own default
+    # default pace (GOGC): the apiserver's start-up takes a third less CPU for ~100 MiB more heap
+    # (benchmarks/bench_cluster.py prints a start's CPU); the controller under test keeps its own default
     for patch in patches:
         patch["extraEnvs"] = [{"name": "GOGC", "value": str(CONTROL_PLANE_GOGC)}]
     patches.append({"name": "kube-apiserver", "extraEnvs": [{"name": "GOGC", "value": str(CONTROL_PLANE_GOGC)}]})
