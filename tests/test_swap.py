@@ -35,6 +35,46 @@ def test_a_swap_leg_carries_its_pair_in_its_id_and_runs_on_a_cluster_of_its_own(
     assert Run._key(swap) == "v1.8.2-to-v1.10.2" and Run._key(plan[0]) == "v1.8.2"
 
 
+def test_close_puts_the_controller_back_even_when_a_drills_cleanup_fails_or_is_interrupted(monkeypatch):
+    """A cleanup that raises (an error, or a signal) never skips the swap-back nor the namespaces' removal."""
+    from types import SimpleNamespace
+    from drills.core.signals import Interrupted
+    from drills.lanes import swap as swap_lane
+    calls: list = []
+
+    class Cluster:
+        def update_state(self, **kw):
+            calls.append(("state", kw))
+
+    class Drill:
+        def __init__(self, error):
+            self.error = error
+
+        def cleanup(self):
+            calls.append(("cleanup", type(self.error).__name__ if self.error else None))
+            if self.error:
+                raise self.error
+
+    monkeypatch.setattr(swap_lane, "swap_controller", lambda cluster, version, log: calls.append(("swap", version)))
+    monkeypatch.setattr(swap_lane, "drop_namespace", lambda api, ns: calls.append(("drop", ns)))
+    for first, raised in ((RuntimeError("cleanup broke"), None), (Interrupted(2), Interrupted)):
+        calls.clear()
+        lane = object.__new__(LaneSwap)
+        lane.ctx = SimpleNamespace(cluster=Cluster(), version="v1.8.2", log=lambda m: None, api=None)
+        lane.to, lane.swapping = "v1.10.2", True
+        lane.drills = {"healthy": Drill(first), "paused": Drill(None)}
+        lane.namespaces = {"healthy": "ns-a", "paused": "ns-b"}
+        if raised:
+            with pytest.raises(raised):
+                lane.close()
+        else:
+            lane.close()
+        assert ("swap", "v1.8.2") in calls and ("drop", "ns-a") in calls and ("drop", "ns-b") in calls, calls
+        assert ("state", {"swapped_from": None}) in calls, calls
+        # an error: the next drill is still cleaned up; a signal: the rest of the cleanups is skipped, not the swap
+        assert (("cleanup", None) in calls) == (raised is None), calls
+
+
 def test_swap_named_with_one_version_is_bad_input_and_all_lanes_leave_it_out():
     with pytest.raises(BadInput, match="give two versions or more"):
         legs.plan(["v1.8.2"], ["swap"], named=True)

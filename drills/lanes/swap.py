@@ -424,19 +424,24 @@ class LaneSwap(Runbook):
         """The holds released, the recordings stopped, the controller the lane found put back (its CRDs too, also
         after a swap that stopped half-way: no controller running, or the new CRDs served), then the namespaces
         removed: the cluster's next tests meet the version it was started with."""
-        for d in self.drills.values():
-            d.cleanup()
         try:
-            if self.swapping and self.ctx.cluster is not None:
-                self.ctx.log(f"swap {self.pair}: putting controller {self.ctx.version} back")
-                swap_controller(self.ctx.cluster, self.ctx.version, log=self.ctx.log)
-                self.ctx.cluster.update_state(swapped_from=None)
-        finally:
-            for ns in self.namespaces.values():
+            for d in self.drills.values():
                 try:
-                    drop_namespace(self.ctx.api, ns)
-                except Exception as e:           # the next one goes too; the cluster's own cleanup takes the rest
-                    self.ctx.log(f"swap {self.pair}: namespace {ns} not removed: {e}")
+                    d.cleanup()
+                except Exception as e:           # the other drills' cleanups and the swap-back still run
+                    self.ctx.log(f"swap {self.pair}: a drill's cleanup failed: {type(e).__name__}: {e}")
+        finally:            # a signal during the cleanups too: the controller the lane found goes back
+            try:
+                if self.swapping and self.ctx.cluster is not None:
+                    self.ctx.log(f"swap {self.pair}: putting controller {self.ctx.version} back")
+                    swap_controller(self.ctx.cluster, self.ctx.version, log=self.ctx.log)
+                    self.ctx.cluster.update_state(swapped_from=None)
+            finally:
+                for ns in self.namespaces.values():
+                    try:
+                        drop_namespace(self.ctx.api, ns)
+                    except Exception as e:       # the next one goes too; the cluster's own cleanup takes the rest
+                        self.ctx.log(f"swap {self.pair}: namespace {ns} not removed: {e}")
 
     @classmethod
     def expectation_keys(cls) -> list[str]:
