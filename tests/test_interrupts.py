@@ -216,3 +216,21 @@ def test_a_run_interrupted_before_its_legs_start_writes_run_json_and_says_so(tmp
     assert meta["interrupted"] is True and meta["signal"] == sig.name and meta["left"] == [], meta
     assert [x["state"] for x in meta["legs"]] == ["not started"], meta
     assert (run_dir / "report.html").is_file()
+
+
+def test_a_signal_inside_a_held_stretch_is_raised_at_its_end_and_outside_at_once():
+    """A process started and recorded as ours is one stretch (drills.cluster.embedded._spawn): a SIGINT in it comes
+    as Interrupted once the record is written, never between the start and the record."""
+    from drills.core.signals import Interrupted, SignalGuard, held
+    steps: list[str] = []
+    with SignalGuard():
+        with pytest.raises(Interrupted):
+            with held():
+                os.kill(os.getpid(), signal.SIGINT)
+                steps.append("started")
+                steps.append("recorded")
+        assert steps == ["started", "recorded"]
+        with pytest.raises(Interrupted):            # outside a stretch: at once, the next step never runs
+            os.kill(os.getpid(), signal.SIGINT)
+            steps.append("after")
+    assert steps == ["started", "recorded"]

@@ -20,10 +20,9 @@ import yaml
 
 from ..core import config
 from ..core.names import is_plain_name, plain_name
-from ..core.procs import (
-    boot_id, die_with_parent, free_port, listening_ports_of, now_ticks, pid_alive, port_in_use, proven, run_bounded,
-    terminate_proven
-)
+from ..core.signals import held
+from ..core.procs import (boot_id, die_with_parent, free_port, listening_ports_of, now_ticks, pid_alive, port_in_use,
+                          proven, run_bounded, terminate_proven)
 from ..toolchain import Toolchain, check_built, components_for
 from ..core.wait import WaitTimeout, until
 from .errors import ClusterError, ClusterInputError, ClusterInUse, ClusterStateError, ControlPlaneExited
@@ -401,10 +400,10 @@ class EmbeddedCluster(ClusterState):
 
     def _spawn(self, name: str, args: list[str], ports: list[int], env: dict | None = None) -> int:
         log = self.folder / "logs" / f"{name}.log"
-        with open(log, "ab") as lf:
+        with held(), open(log, "ab") as lf:      # a signal after the start: taken once the process is recorded
             proc = subprocess.Popen(args, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, env=env or os.environ.copy(), cwd=str(self.folder))
-        self.register_process(name, proc.pid, ports, log)
+            self.register_process(name, proc.pid, ports, log)
         return proc.pid
 
     def _start_releaser(self):

@@ -2,13 +2,37 @@
 
 During a restore a second signal raises again (the restore is abandoned, what is left is said); after
 ``quiet()`` further signals are only noted.  A watchdog thread stops a drill the same way (``SignalGuard.stop``):
-the main thread gets ``Interrupted`` carrying the watchdog's reason, even inside a blocking read.
+the main thread gets ``Interrupted`` carrying the watchdog's reason, even inside a blocking read.  Inside ``held()``
+(a process started and recorded as ours) the ``Interrupted`` comes at the stretch's end, not in its middle.
 """
 from __future__ import annotations
 
 import signal
 import sys
 import threading
+from contextlib import contextmanager
+
+_held = [0]                             # the main thread's depth of held() stretches
+_pending: list[BaseException] = []      # an Interrupted that came during one
+
+
+@contextmanager
+def held():
+    """A stretch a signal must not cut in two (a child started but not yet recorded would be left running unknown):
+    in the main thread, a guard's ``Interrupted`` is raised when the stretch ends.  Elsewhere it changes nothing (a
+    signal's handler runs in the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _held[0] += 1
+    try:
+        yield
+    finally:
+        _held[0] -= 1
+        if not _held[0] and _pending:
+            exc = _pending[0]
+            _pending.clear()
+            raise exc
 
 
 class Interrupted(BaseException):
@@ -42,6 +66,10 @@ class SignalGuard:
         if self._quiet:
             if reason is None:
                 print(f"drills: {signal.Signals(signum).name} noted; finishing up", file=sys.stderr, flush=True)
+            return
+        if _held[0]:
+            if not _pending:
+                _pending.append(Interrupted(signum, reason))
             return
         raise Interrupted(signum, reason)
 
