@@ -234,3 +234,43 @@ def test_a_signal_inside_a_held_stretch_is_raised_at_its_end_and_outside_at_once
             os.kill(os.getpid(), signal.SIGINT)
             steps.append("after")
     assert steps == ["started", "recorded"]
+
+
+class _Finalized:
+    """A cycle's member whose finalizer runs Python code: a signal's handler may run inside it (Python then swallows
+    what the handler raises: "Exception ignored in ...")."""
+
+    def __del__(self):
+        total = 0
+        for i in range(50):
+            total += i
+
+
+def test_a_signal_whose_interrupted_a_finalizer_swallowed_is_raised_again():
+    """A Ctrl-C is never lost: a main thread that churns objects with finalizers (the Kubernetes client's responses,
+    sockets) still gets its Interrupted when the handler first ran inside a finalizer (without the re-delivery,
+    most of these signals are lost)."""
+    import threading
+    from drills.core.signals import Interrupted, SignalGuard
+    swallowed: list[str] = []
+    previous, sys.unraisablehook = sys.unraisablehook, lambda u: swallowed.append(type(u.exc_value).__name__)
+    caught = 0
+    try:
+        for _ in range(20):
+            started = threading.Event()
+            sender = threading.Thread(target=lambda: (started.wait(10), os.kill(os.getpid(), signal.SIGINT)))
+            with SignalGuard():
+                sender.start()
+                try:
+                    for i in range(300_000):
+                        a, b = _Finalized(), _Finalized()
+                        a.other, b.other = b, a          # a cycle: the GC runs the finalizers, in the middle of it
+                        del a, b
+                        if i == 100:
+                            started.set()
+                except Interrupted:
+                    caught += 1
+            sender.join()
+    finally:
+        sys.unraisablehook = previous
+    assert caught == 20 and "Interrupted" not in swallowed, (caught, swallowed)

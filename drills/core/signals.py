@@ -3,13 +3,16 @@
 During a restore a second signal raises again (the restore is abandoned, what is left is said); after
 ``quiet()`` further signals are only noted.  A watchdog thread stops a drill the same way (``SignalGuard.stop``):
 the main thread gets ``Interrupted`` carrying the watchdog's reason, even inside a blocking read.  Inside ``held()``
-(a process started and recorded as ours) the ``Interrupted`` comes at the stretch's end, not in its middle.
+(a process started and recorded as ours) the ``Interrupted`` comes at the stretch's end, not in its middle.  One that
+Python swallowed (its handler ran inside a finalizer) comes again a moment later.
 """
 from __future__ import annotations
 
+import _thread
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 _held = [0]                             # the main thread's depth of held() stretches
@@ -35,6 +38,14 @@ def held():
             raise exc
 
 
+REDELIVER_S = 0.01     # how long after a swallowed Interrupted its signal comes again
+
+
+def _send_later(thread_id: int, signum: int) -> None:
+    time.sleep(REDELIVER_S)
+    signal.pthread_kill(thread_id, signum)
+
+
 class Interrupted(BaseException):
     """A drill was interrupted by a signal, or stopped by a watchdog (``reason``)."""
 
@@ -56,8 +67,24 @@ class SignalGuard:
         self._main: int | None = None
         self._stop_reason: str | None = None
         self._stop_handled = threading.Event()
+        self._again: Interrupted | None = None
+        self._hook = None
+
+    def _unraisable(self, u) -> None:
+        """An Interrupted raised while the main thread ran a finalizer (``__del__``, a weakref callback, the GC's) is
+        swallowed by Python (reported here, "Exception ignored"): the signal would be lost, the drill would go on.
+        It is delivered again, until it lands outside one."""
+        if isinstance(u.exc_value, Interrupted) and self._main is not None and not self._quiet:
+            self._again = u.exc_value
+            # from another thread, a moment later: sent from here, the handler would run at once, inside this hook
+            _thread.start_new_thread(_send_later, (self._main, u.exc_value.signum))
+            return
+        (self._hook or sys.__unraisablehook__)(u)
 
     def _handler(self, signum, frame):
+        again, self._again = self._again, None
+        if again is not None and not self._quiet:
+            raise again               # the same Interrupted once more: the first was lost in a finalizer
         self.count += 1
         self.received = signum
         reason, self._stop_reason = self._stop_reason, None
@@ -97,10 +124,13 @@ class SignalGuard:
             for s in (signal.SIGINT, signal.SIGTERM):
                 self._old[s] = signal.signal(s, self._handler)
             self._main = threading.main_thread().ident
+            self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc):
         self._main = None
+        if self._hook is not None:
+            sys.unraisablehook, self._hook = self._hook, None
         if self._quiet and self._old:
             # a process that abandoned its restore is about to exit: later signals are ignored (SIG_IGN holds
             # through the interpreter's shutdown, which resets Python-level handlers to the default)
