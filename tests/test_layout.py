@@ -227,7 +227,9 @@ SUBPROCESS_EXEMPT = {
 
 def _dies_with_parent(call: ast.Call) -> bool:
     fn = next((k.value for k in call.keywords if k.arg == "preexec_fn"), None)
-    return isinstance(fn, (ast.Name, ast.Attribute)) and (getattr(fn, "id", None) or fn.attr) == "die_with_parent"
+    # background_priority: die_with_parent, then a lower CPU priority (a toolchain build's go commands)
+    return isinstance(fn, (ast.Name, ast.Attribute)) and (getattr(fn, "id", None) or fn.attr) in (
+        "die_with_parent", "background_priority")
 
 
 def _has_timeout(call: ast.Call) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 from drills.core.errors import BadInput
+from drills.core.procs import BACKGROUND_NICE
 from drills.toolchain.build import Toolchain, _build_groups, build_jobs
 from drills.toolchain.components import Component, base_components, optional_components, rollouts_component
 from drills.core.wait import WaitTimeout, hold_for, until
@@ -113,6 +115,40 @@ def test_with_every_slot_taken_the_source_downloads_and_the_compile_waits_saying
         holder.release()
     assert proc.wait(300) == 0, proc.stdout.read()
     assert tc.is_built(comp) and "go build" in log.read_text()
+
+
+RECORDING_GO = """#!/bin/sh
+# the real go, started by the toolchain: first the priority it was started at (its nice value, its session's
+# scheduling group where the kernel has them)
+{ echo "go $1 $2: nice $(nice)"; cat /proc/self/autogroup 2>/dev/null; } >> "$GO_PRIORITY_LOG"
+exec "$REAL_GO" "$@"
+"""
+
+
+def test_a_build_runs_below_the_drills_beside_it_and_its_builder_keeps_its_own_priority(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "go").write_text(RECORDING_GO)
+    (bin_dir / "go").chmod(0o755)
+    record = tmp_path / "priority.log"
+    monkeypatch.setenv("REAL_GO", shutil.which("go"))
+    monkeypatch.setenv("GO_PRIORITY_LOG", str(record))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    before = os.nice(0)
+    tc = Toolchain(tmp_path / "cache", log=lambda m: None)
+    tc.ensure([_hello("hello-nice")])
+    assert tc.is_built(_hello("hello-nice"))
+    lines = record.read_text().splitlines()
+    # the build's go commands (go mod tidy, go build), each at the background priority (or the lowest there is, if
+    # this process runs lower yet) and, where sessions are scheduled as groups, in a group of its own lowered too;
+    # the source download and `go env` before them do next to no computing
+    builds = [i for i, line in enumerate(lines) if line.startswith(("go mod tidy:", "go build "))]
+    assert [lines[i].split(":")[0] for i in builds][:1] == ["go mod tidy"] and len(builds) >= 2, lines
+    assert all(lines[i].endswith(f": nice {min(19, before + BACKGROUND_NICE)}") for i in builds), lines
+    if os.path.exists("/proc/self/autogroup"):
+        assert all(lines[i + 1].startswith("/autogroup-") and lines[i + 1].endswith(f" nice {BACKGROUND_NICE}")
+                   for i in builds), lines
+    assert os.nice(0) == before                    # the builder itself (and the drills beside it) untouched
 
 
 def test_two_jobs_build_two_components_and_report_each_as_it_is_ready(tmp_path, monkeypatch):

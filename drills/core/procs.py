@@ -25,6 +25,29 @@ def die_with_parent() -> None:
         pass
 
 
+BACKGROUND_NICE = 10     # the CPU priority a background job (a toolchain build) runs at, below the drills beside it
+
+
+def background_priority() -> None:
+    """For ``preexec_fn`` of a child started in a session of its own (``start_new_session``): it dies with its
+    parent (die_with_parent) and runs at a lower CPU priority than the drills beside it, so a build in the
+    background never starves a drill whose timing it would disturb; it takes the CPU they leave.  Where the kernel
+    groups each session for scheduling (autogroup), a process's own nice value counts only inside its session: the
+    session's group is lowered too (``/proc/self/autogroup``)."""
+    die_with_parent()
+    try:
+        os.nice(BACKGROUND_NICE)
+    except OSError:
+        pass
+    if os.getsid(0) != os.getpid():
+        return                  # not a session of its own: its group is its parent's, left alone
+    try:
+        with open("/proc/self/autogroup", "w") as fh:
+            fh.write(str(BACKGROUND_NICE))
+    except OSError:
+        pass
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

@@ -20,7 +20,7 @@ import yaml
 from ..core import config
 from ..core.errors import BadInput
 from ..routers import ISTIO
-from ..core.procs import die_with_parent
+from ..core.procs import background_priority
 from .locks import _RUNNING, _RUNNING_LOCK, WAITS, build_jobs, check_jobs, hold_any  # noqa: F401 (WAITS: read here)
 from .modsource import ModuleUnavailable, go_env, module_source
 from .components import (
@@ -280,7 +280,7 @@ class Toolchain:
         logf.flush()
         proc = subprocess.Popen(args, cwd=cwd, env=go_env(gotoolchain), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                preexec_fn=die_with_parent)
+                                preexec_fn=background_priority)
         with _RUNNING_LOCK:
             stopped = self._stopping.is_set()
             if not stopped:
