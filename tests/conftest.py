@@ -339,6 +339,12 @@ FIRST_FILES = ("tests/test_lanes.py",)      # the drills themselves: the longest
 # the files that need Prometheus (promtool), the component a cold session builds last: handed out last, so that no
 # worker waits for that build while the other files could run
 LAST_FILES = ("tests/test_alerts.py", "tests/test_mesh_cluster.py")
+# the longest files of their group (seconds of tests on a warm six-worker run: 496, 479, 413, 287, 282, 258, 254,
+# 236, 231), handed out first within it: a worker takes each beside the shorter ones instead of alone at the end
+LONG_FILES = ("tests/test_install.py", "tests/test_probe.py", "tests/test_branch_order.py",
+              "tests/faults/test_fault_control_plane.py", "tests/faults/test_fault_api.py",
+              "tests/faults/test_fault_signals.py", "tests/faults/test_fault_sigkill.py", "tests/test_user_built.py",
+              "tests/faults/test_fault_apiserver.py")
 CLUSTER_FIXTURES = ("cluster", "drills_cluster")     # every fixture that needs the embedded cluster requests one
 TOOLCHAIN_MARKS = ("Toolchain(", "EmbeddedCluster(", "components_for(", "ensure_binary(", '"probe"', '"up"')
 # a file that renders charts (fleet scans, chart folders, render-diff) runs helm: its tests wait for helm's build
@@ -384,7 +390,8 @@ def pytest_runtest_setup(item):
 def pytest_collection_modifyitems(session, config, items):
     """The longest file first, so that it runs beside the others instead of alone at the end; then the files that
     need no embedded cluster (on a cold machine they run while the toolchain builds); then the files that need
-    one; then those that need the last component built; each group in collection order."""
+    one; then those that need the last component built; each group its longest files first (LONG_FILES), then in
+    collection order."""
     def path(item) -> str:
         return item.nodeid.split("::", 1)[0]
     needs_cluster = {path(i) for i in items if set(CLUSTER_FIXTURES) & set(getattr(i, "fixturenames", ()))}
@@ -397,8 +404,9 @@ def pytest_collection_modifyitems(session, config, items):
             texts[p] = _file_text(item)
         return any(mark in texts[p] for mark in TOOLCHAIN_MARKS + HELM_MARKS)
 
-    def rank(item) -> int:         # a file's items keep together: --dist loadfile hands out whole files
+    def rank(item) -> tuple[int, int]:     # a file's items keep together: --dist loadfile hands out whole files
         p = path(item)
-        return (0 if p in FIRST_FILES else 3 if p in LAST_FILES else
-                2 if p in needs_cluster or p.startswith("tests/faults/") or builds(p, item) else 1)
+        group = (0 if p in FIRST_FILES else 3 if p in LAST_FILES else
+                 2 if p in needs_cluster or p.startswith("tests/faults/") or builds(p, item) else 1)
+        return group, LONG_FILES.index(p) if p in LONG_FILES else len(LONG_FILES)
     items.sort(key=rank)
