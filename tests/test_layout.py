@@ -227,7 +227,14 @@ SUBPROCESS_EXEMPT = {
 
 def _dies_with_parent(call: ast.Call) -> bool:
     fn = next((k.value for k in call.keywords if k.arg == "preexec_fn"), None)
-    # background_priority: die_with_parent, then a lower CPU priority (a toolchain build's go commands)
+    return _a_die_with_parent(fn)
+
+
+def _a_die_with_parent(fn) -> bool:
+    """die_with_parent, or background_priority (die_with_parent, then a lower CPU priority: a toolchain build's go
+    commands), or ``a if cond else b`` of two of them."""
+    if isinstance(fn, ast.IfExp):
+        return _a_die_with_parent(fn.body) and _a_die_with_parent(fn.orelse)
     return isinstance(fn, (ast.Name, ast.Attribute)) and (getattr(fn, "id", None) or fn.attr) in (
         "die_with_parent", "background_priority")
 
@@ -273,8 +280,25 @@ def subprocess_offences(source: str, name: str) -> list[str]:
 
 def test_every_subprocess_has_a_timeout_and_dies_with_drills():
     hits = [h for p in sorted(PKG.rglob("*.py")) for h in subprocess_offences(p.read_text(), str(p.relative_to(PKG)))]
-    assert hits == [], "every child gets a timeout and preexec_fn=drills.core.procs.die_with_parent (or runs through " \
+    assert hits == [], "every child gets a timeout and preexec_fn=drills.core.procs.die_with_parent (or " \
+        "background_priority, which calls it; or runs through " \
         "drills.core.procs.run_bounded), or is listed in SUBPROCESS_EXEMPT with its reason:\n" + "\n".join(hits)
+
+
+def test_background_priority_is_a_die_with_parent():
+    """The subprocess rule takes ``preexec_fn=background_priority`` for ``die_with_parent``: it calls it first."""
+    tree = ast.parse((PKG / "core" / "procs.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "background_priority")
+    first = next(n for n in fn.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)))
+    assert isinstance(first, ast.Expr) and isinstance(first.value, ast.Call) and \
+        getattr(first.value.func, "id", None) == "die_with_parent", ast.dump(first)
+    assert subprocess_offences("import subprocess\nfrom drills.core.procs import background_priority\n"
+                               "def f():\n    subprocess.Popen(['go'], preexec_fn=background_priority)\n"
+                               "    subprocess.Popen(['go'], preexec_fn=background_priority if b else die_with_parent)\n",
+                               "m.py") == []
+    assert len(subprocess_offences("import subprocess\ndef f():\n"
+                                   "    subprocess.Popen(['go'], preexec_fn=background_priority if b else other)\n",
+                                   "m.py")) == 1
 
 
 def test_every_exemption_names_a_function_that_starts_a_process():

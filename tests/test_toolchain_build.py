@@ -118,14 +118,15 @@ def test_with_every_slot_taken_the_source_downloads_and_the_compile_waits_saying
 
 
 RECORDING_GO = """#!/bin/sh
-# the real go, started by the toolchain: first the priority it was started at (its nice value, its session's
-# scheduling group where the kernel has them)
-{ echo "go $1 $2: nice $(nice)"; cat /proc/self/autogroup 2>/dev/null; } >> "$GO_PRIORITY_LOG"
+# the real go, started by the toolchain: first the priority it runs at (its nice value and, where the kernel has
+# them, its session's scheduling group), on one line
+echo "go $1 $2: nice $(nice) group $(cat /proc/self/autogroup 2>/dev/null || echo none)" >> "$GO_PRIORITY_LOG"
 exec "$REAL_GO" "$@"
 """
 
 
-def test_a_build_runs_below_the_drills_beside_it_and_its_builder_keeps_its_own_priority(tmp_path, monkeypatch):
+@pytest.fixture
+def recording_go(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "go").write_text(RECORDING_GO)
@@ -134,21 +135,61 @@ def test_a_build_runs_below_the_drills_beside_it_and_its_builder_keeps_its_own_p
     monkeypatch.setenv("REAL_GO", shutil.which("go"))
     monkeypatch.setenv("GO_PRIORITY_LOG", str(record))
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    before = os.nice(0)
-    tc = Toolchain(tmp_path / "cache", log=lambda m: None)
+    return record
+
+
+def _build_lines(record) -> list[str]:
+    """The recorded lines of the build's own go commands (go mod tidy, go build): the source download and `go env`
+    before them do next to no computing."""
+    lines = record.read_text().splitlines()
+    builds = [line for line in lines if line.startswith(("go mod tidy:", "go build "))]
+    assert builds[:1] and builds[0].startswith("go mod tidy:") and len(builds) >= 2, lines
+    return builds
+
+
+def _own_group() -> str:
+    try:
+        return open("/proc/self/autogroup").read().strip()
+    except OSError:
+        return "none"
+
+
+@pytest.mark.parametrize("how", ["env", "argument"])
+def test_a_build_beside_drills_runs_below_them_and_its_builder_keeps_its_own_priority(recording_go, tmp_path,
+                                                                                      monkeypatch, how):
+    if how == "env":        # the test session's builder (tests/conftest.py)
+        monkeypatch.setenv("DRILLS_BUILD_PRIORITY", "background")
+    before, group_before = os.nice(0), _own_group()
+    tc = Toolchain(tmp_path / "cache", log=lambda m: None, background=True if how == "argument" else None)
     tc.ensure([_hello("hello-nice")])
     assert tc.is_built(_hello("hello-nice"))
-    lines = record.read_text().splitlines()
-    # the build's go commands (go mod tidy, go build), each at the background priority (or the lowest there is, if
-    # this process runs lower yet) and, where sessions are scheduled as groups, in a group of its own lowered too;
-    # the source download and `go env` before them do next to no computing
-    builds = [i for i, line in enumerate(lines) if line.startswith(("go mod tidy:", "go build "))]
-    assert [lines[i].split(":")[0] for i in builds][:1] == ["go mod tidy"] and len(builds) >= 2, lines
-    assert all(lines[i].endswith(f": nice {min(19, before + BACKGROUND_NICE)}") for i in builds), lines
-    if os.path.exists("/proc/self/autogroup"):
-        assert all(lines[i + 1].startswith("/autogroup-") and lines[i + 1].endswith(f" nice {BACKGROUND_NICE}")
-                   for i in builds), lines
-    assert os.nice(0) == before                    # the builder itself (and the drills beside it) untouched
+    for line in _build_lines(recording_go):
+        # its own nice value (the lowest there is, if this process runs lower yet) and, where sessions are
+        # scheduled as groups, its session's group lowered too
+        assert f": nice {min(19, before + BACKGROUND_NICE)} group " in line, line
+        assert line.endswith(" group none") if group_before == "none" else line.endswith(f" nice {BACKGROUND_NICE}")
+    # the builder's own priority and group (the test session's, the drills beside it) untouched
+    assert (os.nice(0), _own_group()) == (before, group_before)
+
+
+def test_a_build_someone_waits_for_runs_at_their_priority(recording_go, tmp_path, monkeypatch):
+    monkeypatch.delenv("DRILLS_BUILD_PRIORITY", raising=False)
+    before, group_before = os.nice(0), _own_group()
+    tc = Toolchain(tmp_path / "cache", log=lambda m: None)
+    tc.ensure([_hello("hello-plain")])
+    for line in _build_lines(recording_go):
+        assert f": nice {before} group " in line, line
+        # a session of its own: a new scheduling group, at the default priority
+        assert line.endswith(" group none") if group_before == "none" else line.endswith(" nice 0"), line
+
+
+@pytest.mark.parametrize("raw", ["low", "Background", "10", "background; rm -rf /"])
+def test_a_bad_build_priority_is_bad_input_before_anything_is_built(tmp_path, monkeypatch, raw):
+    monkeypatch.setenv("DRILLS_BUILD_PRIORITY", raw)
+    tc = Toolchain(tmp_path / "cache", log=lambda m: None)
+    with pytest.raises(BadInput, match="DRILLS_BUILD_PRIORITY"):
+        tc.ensure([_hello("hello-bad")])
+    assert not (tmp_path / "cache").exists()
 
 
 def test_two_jobs_build_two_components_and_report_each_as_it_is_ready(tmp_path, monkeypatch):

@@ -25,27 +25,48 @@ def die_with_parent() -> None:
         pass
 
 
-BACKGROUND_NICE = 10     # the CPU priority a background job (a toolchain build) runs at, below the drills beside it
+BACKGROUND_NICE = 10     # the CPU priority a background job (a toolchain build beside drills) runs at
+GROUP_RETRY_S = 2.0      # how long a session's scheduling group is tried (the kernel takes one change per 100 ms)
 
 
 def background_priority() -> None:
-    """For ``preexec_fn`` of a child started in a session of its own (``start_new_session``): it dies with its
-    parent (die_with_parent) and runs at a lower CPU priority than the drills beside it, so a build in the
-    background never starves a drill whose timing it would disturb; it takes the CPU they leave.  Where the kernel
-    groups each session for scheduling (autogroup), a process's own nice value counts only inside its session: the
-    session's group is lowered too (``/proc/self/autogroup``)."""
+    """For ``preexec_fn``: the child dies with its parent (die_with_parent) and runs at the background priority
+    (nice BACKGROUND_NICE), below the drills beside it.  Where the kernel schedules each session as a group
+    (autogroup), a nice value counts only inside its own session: the parent lowers the child's session group too
+    (lower_session_group), once the child runs in a session of its own (``start_new_session``)."""
     die_with_parent()
     try:
         os.nice(BACKGROUND_NICE)
     except OSError:
         pass
-    if os.getsid(0) != os.getpid():
-        return                  # not a session of its own: its group is its parent's, left alone
+
+
+def lower_session_group(pid: int) -> bool:
+    """Put the scheduling group of ``pid``'s session (autogroup) at the background priority; ``pid`` leads a
+    session the product started.  False where the kernel has no such groups, or the process is gone.  Without
+    CAP_SYS_ADMIN the kernel takes one change a tenth of a second machine-wide (EAGAIN otherwise): retried for
+    GROUP_RETRY_S."""
+    path = f"/proc/{pid}/autogroup"
+
+    def write() -> bool | None:
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError:
+            return False        # no autogroup here, or the process is gone
+        try:
+            os.write(fd, str(BACKGROUND_NICE).encode())
+            return True
+        except BlockingIOError:
+            return None         # another group changed within the last 100 ms: again
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
     try:
-        with open("/proc/self/autogroup", "w") as fh:
-            fh.write(str(BACKGROUND_NICE))
-    except OSError:
-        pass
+        return bool(until(f"the scheduling group of process {pid} to take the background priority", write,
+                          lambda done: done is not None, timeout=GROUP_RETRY_S, interval=0.02))
+    except WaitTimeout:
+        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:

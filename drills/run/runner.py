@@ -193,7 +193,7 @@ class Run(Stopping):
                                                             if REGISTRY[leg.lane].uses_helm else set())
 
     def _build_all(self) -> None:
-        tc = Toolchain(log=self.log)
+        tc = Toolchain(log=self.log, background=True)       # beside the legs that already run: below them
         order = []
         for leg in self.legs:                   # in plan order: the first legs' components first
             for c in components_for(self._versions(leg), list(REGISTRY[leg.lane].extras)):

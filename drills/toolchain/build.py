@@ -20,8 +20,8 @@ import yaml
 from ..core import config
 from ..core.errors import BadInput
 from ..routers import ISTIO
-from ..core.procs import background_priority
-from .locks import _RUNNING, _RUNNING_LOCK, WAITS, build_jobs, check_jobs, hold_any  # noqa: F401 (WAITS: read here)
+from ..core.procs import background_priority, die_with_parent, lower_session_group
+from .locks import _RUNNING, _RUNNING_LOCK, WAITS, build_jobs, build_priority, check_jobs, hold_any  # noqa: F401
 from .modsource import ModuleUnavailable, go_env, module_source
 from .components import (
     BuildError, Component, components_for, optional_components, parse_gomod, require_go, rollouts_component,
@@ -107,11 +107,19 @@ def check_built(binary: Path) -> str:
 class Toolchain:
     """Builds components into the cache and tells where their files are."""
 
-    def __init__(self, root: Path | None = None, log: Callable[[str], None] | None = None):
+    def __init__(self, root: Path | None = None, log: Callable[[str], None] | None = None,
+                 background: bool | None = None):
+        """``background``: builds beside drills (a run's legs, a test session): their go commands run below them
+        (drills.core.procs.background_priority); default: DRILLS_BUILD_PRIORITY (locks.build_priority)."""
         self.root = Path(root or config.cache_dir())
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self._background = background
         self._stopping = threading.Event()       # set when a build here is stopped: nothing new starts
         self._slots = 1
+
+    @property
+    def background(self) -> bool:       # BadInput: a bad DRILLS_BUILD_PRIORITY
+        return build_priority() == "background" if self._background is None else self._background
 
     # --- paths ------------------------------------------------------------------------------
     def dir(self, comp: Component) -> Path:
@@ -173,7 +181,8 @@ class Toolchain:
         source and dependencies download (go mod tidy) before it takes a slot, so a download overlaps another
         component's compile.  A slot is never held while waiting for a component's lock, so they cannot
         deadlock.  ``on_built(comp)`` is called as each component is ready (built here or by another process)."""
-        slots = check_jobs(jobs) if jobs is not None else build_jobs()     # bad input before anything is done
+        # bad input (-j, DRILLS_BUILD_JOBS, DRILLS_BUILD_PRIORITY) before anything is done
+        slots, _ = (check_jobs(jobs) if jobs is not None else build_jobs()), self.background
         todo = [c for c in comps if not self.is_built(c)]
         for c in comps:
             if c not in todo and on_built:
@@ -278,9 +287,12 @@ class Toolchain:
              gotoolchain: str = "local") -> str:
         logf.write(f"$ GOTOOLCHAIN={gotoolchain} {' '.join(args)}\n")
         logf.flush()
+        background = self.background
         proc = subprocess.Popen(args, cwd=cwd, env=go_env(gotoolchain), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                preexec_fn=background_priority)
+                                preexec_fn=background_priority if background else die_with_parent)
+        if background:
+            lower_session_group(proc.pid)
         with _RUNNING_LOCK:
             stopped = self._stopping.is_set()
             if not stopped:
@@ -440,6 +452,8 @@ class Toolchain:
         ``reported`` (stamped with ``commit`` as upstream's Makefile stamps it, when given), and copy it into
         ``out_dir``; returns the copy's path."""
         comp = user_built_component(release, reported, commit)
+        # the release first (or waited for): its packages are then in the Go build cache, and this build only links
+        self.ensure([rollouts_component(release)])
         self.ensure([comp])
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

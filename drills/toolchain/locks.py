@@ -50,6 +50,18 @@ def build_jobs() -> int:
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
+BUILD_PRIORITIES = ("normal", "background")
+
+
+def build_priority() -> str:
+    """DRILLS_BUILD_PRIORITY: ``background`` (the builds run beside drills: their go commands below them, see
+    drills.core.procs.background_priority) or ``normal`` (the default); BadInput otherwise."""
+    raw = os.environ.get("DRILLS_BUILD_PRIORITY", "").strip() or "normal"
+    if raw not in BUILD_PRIORITIES:
+        raise BadInput(f"DRILLS_BUILD_PRIORITY={raw[:40]!r}: give {' or '.join(BUILD_PRIORITIES)}")
+    return raw
+
+
 def _open_lock(path: Path):
     """The lock file, opened without following a link (a link there is refused: the lock writes who holds it);
     a lock that is not a regular file, or a cache that cannot be written, is bad input."""
