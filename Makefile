@@ -5,8 +5,9 @@ PYTHON ?= python3
 TEST_CONTROLLERS ?= v1.8.2,v1.10.2
 # pytest-xdist workers for the framework's own tests (each with an embedded cluster of its own); the drills
 # themselves run in one of them, their legs in parallel (drills run's default -j)
-# (six: 26.0 min warm on two cores, 86 % of the cores busy, against 30.7 with four at 65 %; the tests mostly wait on
-# the drills: more of them side by side keep the cores busy; four took 42 min from empty caches against 45-46 with three)
+# (six: 26.0 min warm on two cores, 86 % of the cores busy, against 30.7 with four at 65 %: the tests mostly wait on
+# the drills, and more of them side by side keep the cores busy; from empty caches 45.3 and 49.4 min with six, 96 %
+# busy, against 50.8 with four)
 TEST_WORKERS ?= 6
 # more pytest arguments for the tests (e.g. --junitxml=FILE); the drills' own pytest runs never see them
 PYTEST_ARGS ?=

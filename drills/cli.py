@@ -443,6 +443,9 @@ def _apply_globals(args) -> None:
                        f"default ({config.DEFAULT_CONTROLLER}); an empty value is an unset variable, never the default")
     if args.command in CLUSTER_COMMANDS and (args.command != "scan" or getattr(args, "verify", None)):
         config.cluster_name()                       # a name that becomes a path: checked before anything is touched
+        from .toolchain.locks import build_jobs, build_priority
+        build_jobs()                                # and the settings of the builds it may start
+        build_priority()
     for name in ("fleet", "charts"):          # fixtures/... outside a checkout: the built-in data
         if getattr(args, name, None):
             setattr(args, name, config.data_path(getattr(args, name)))

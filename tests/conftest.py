@@ -51,8 +51,7 @@ def pytest_configure(config):
     log = open(log_path, "ab")
     proc = subprocess.Popen([sys.executable, "-m", "drills", "toolchain", "build", "--controller", ",".join(versions),
                              "--extra", ",".join(SESSION_EXTRAS)], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent,
-                            env=dict(os.environ, DRILLS_BUILD_PRIORITY="background"))    # below the tests' drills
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
     log.close()
     _BUILDER.append(proc)
     print(f"drills: {len(todo)} toolchain component(s) to build ({', '.join(c.key for c in todo)}): building them in "

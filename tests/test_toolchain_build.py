@@ -172,10 +172,15 @@ def test_a_build_beside_drills_runs_below_them_and_its_builder_keeps_its_own_pri
     assert (os.nice(0), _own_group()) == (before, group_before)
 
 
-def test_a_build_someone_waits_for_runs_at_their_priority(recording_go, tmp_path, monkeypatch):
-    monkeypatch.delenv("DRILLS_BUILD_PRIORITY", raising=False)
+@pytest.mark.parametrize("env", [None, "normal", "background"])
+def test_a_build_alone_runs_at_the_callers_priority(recording_go, tmp_path, monkeypatch, env):
+    if env is None:
+        monkeypatch.delenv("DRILLS_BUILD_PRIORITY", raising=False)
+    else:
+        monkeypatch.setenv("DRILLS_BUILD_PRIORITY", env)
     before, group_before = os.nice(0), _own_group()
-    tc = Toolchain(tmp_path / "cache", log=lambda m: None)
+    # `drills toolchain build` (None: the setting, normal unless said); a caller that says so overrides the setting
+    tc = Toolchain(tmp_path / "cache", log=lambda m: None, background=False if env == "background" else None)
     tc.ensure([_hello("hello-plain")])
     for line in _build_lines(recording_go):
         assert f": nice {before} group " in line, line
@@ -190,6 +195,20 @@ def test_a_bad_build_priority_is_bad_input_before_anything_is_built(tmp_path, mo
     with pytest.raises(BadInput, match="DRILLS_BUILD_PRIORITY"):
         tc.ensure([_hello("hello-bad")])
     assert not (tmp_path / "cache").exists()
+    # a command that may build says so in one line, exit 2, before it touches anything (its cluster included)
+    r = subprocess.run([sys.executable, "-m", "drills", "cluster", "status"], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, DRILLS_CACHE=str(tmp_path / "cache")))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "DRILLS_BUILD_PRIORITY" in r.stderr, r.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_build_priority_is_the_setting_else_the_callers_default(monkeypatch):
+    from drills.toolchain.locks import build_priority
+    monkeypatch.delenv("DRILLS_BUILD_PRIORITY", raising=False)
+    assert (build_priority(), build_priority("background")) == ("normal", "background")    # a run's builds
+    for said in ("normal", " background "):
+        monkeypatch.setenv("DRILLS_BUILD_PRIORITY", said)
+        assert build_priority() == build_priority("background") == said.strip()
 
 
 def test_two_jobs_build_two_components_and_report_each_as_it_is_ready(tmp_path, monkeypatch):

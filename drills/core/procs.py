@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -27,46 +28,51 @@ def die_with_parent() -> None:
 
 BACKGROUND_NICE = 10     # the CPU priority a background job (a toolchain build beside drills) runs at
 GROUP_RETRY_S = 2.0      # how long a session's scheduling group is tried (the kernel takes one change per 100 ms)
+GROUP_RETRY_INTERVAL_S = 0.02
 
 
 def background_priority() -> None:
-    """For ``preexec_fn``: the child dies with its parent (die_with_parent) and runs at the background priority
-    (nice BACKGROUND_NICE), below the drills beside it.  Where the kernel schedules each session as a group
-    (autogroup), a nice value counts only inside its own session: the parent lowers the child's session group too
-    (lower_session_group), once the child runs in a session of its own (``start_new_session``)."""
+    """For ``preexec_fn`` of a child in a session of its own (``start_new_session``): it dies with its parent
+    (die_with_parent) and runs below the drills beside it: nice BACKGROUND_NICE more than its parent and, where the
+    kernel schedules each session as a group (autogroup; a nice value then counts only inside its session), its
+    session's group at nice BACKGROUND_NICE.  Done in the child before it runs its program, so every process it
+    starts is lowered from its first instruction.  Without CAP_SYS_ADMIN the kernel takes one group change a tenth
+    of a second machine-wide (EAGAIN): retried for GROUP_RETRY_S; a group left as it was is said on stderr (the
+    build's log)."""
     die_with_parent()
     try:
         os.nice(BACKGROUND_NICE)
     except OSError:
         pass
+    if os.getsid(0) != os.getpid():
+        return                  # not a session of its own: its group is its parent's, left alone
 
-
-def lower_session_group(pid: int) -> bool:
-    """Put the scheduling group of ``pid``'s session (autogroup) at the background priority; ``pid`` leads a
-    session the product started.  False where the kernel has no such groups, or the process is gone.  Without
-    CAP_SYS_ADMIN the kernel takes one change a tenth of a second machine-wide (EAGAIN otherwise): retried for
-    GROUP_RETRY_S."""
-    path = f"/proc/{pid}/autogroup"
-
-    def write() -> bool | None:
+    def write() -> str | None:
         try:
-            fd = os.open(path, os.O_WRONLY)
-        except OSError:
-            return False        # no autogroup here, or the process is gone
+            fd = os.open("/proc/self/autogroup", os.O_WRONLY)
+        except FileNotFoundError:
+            return ""           # no autogroup in this kernel: the nice value is the priority
+        except OSError as e:
+            return e.strerror or "error"
         try:
             os.write(fd, str(BACKGROUND_NICE).encode())
-            return True
+            return ""
         except BlockingIOError:
             return None         # another group changed within the last 100 ms: again
-        except OSError:
-            return False
+        except OSError as e:
+            return e.strerror or "error"
         finally:
             os.close(fd)
-    try:
-        return bool(until(f"the scheduling group of process {pid} to take the background priority", write,
-                          lambda done: done is not None, timeout=GROUP_RETRY_S, interval=0.02))
-    except WaitTimeout:
-        return False
+    # a plain loop: this runs in the forked child, where only what needs no other thread's lock is safe
+    deadline = time.monotonic() + GROUP_RETRY_S
+    why = write()
+    while why is None and time.monotonic() < deadline:
+        time.sleep(GROUP_RETRY_INTERVAL_S)
+        why = write()
+    if why is None:
+        why = f"the kernel refused every change for {GROUP_RETRY_S:g}s"
+    if why:
+        os.write(2, f"drills: this build's scheduling group keeps its priority ({why})\n".encode())
 
 
 def free_port(host: str = "127.0.0.1") -> int:

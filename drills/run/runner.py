@@ -193,7 +193,6 @@ class Run(Stopping):
                                                             if REGISTRY[leg.lane].uses_helm else set())
 
     def _build_all(self) -> None:
-        tc = Toolchain(log=self.log, background=True)       # beside the legs that already run: below them
         order = []
         for leg in self.legs:                   # in plan order: the first legs' components first
             for c in components_for(self._versions(leg), list(REGISTRY[leg.lane].extras)):
@@ -204,6 +203,9 @@ class Run(Stopping):
                 self.built.add(comp.key)
             self.changed.set()
         try:
+            # at DRILLS_BUILD_PRIORITY (normal unless said: a leg that waits for a component must not wait for a
+            # build the other legs starve)
+            tc = Toolchain(log=self.log)
             tc.ensure(order, on_built=built)
         except (BuildError, BadInput) as e:
             self.build_error = str(e)

@@ -20,7 +20,7 @@ import yaml
 from ..core import config
 from ..core.errors import BadInput
 from ..routers import ISTIO
-from ..core.procs import background_priority, die_with_parent, lower_session_group
+from ..core.procs import background_priority, die_with_parent
 from .locks import _RUNNING, _RUNNING_LOCK, WAITS, build_jobs, build_priority, check_jobs, hold_any  # noqa: F401
 from .modsource import ModuleUnavailable, go_env, module_source
 from .components import (
@@ -110,7 +110,7 @@ class Toolchain:
     def __init__(self, root: Path | None = None, log: Callable[[str], None] | None = None,
                  background: bool | None = None):
         """``background``: builds beside drills (a run's legs, a test session): their go commands run below them
-        (drills.core.procs.background_priority); default: DRILLS_BUILD_PRIORITY (locks.build_priority)."""
+        (drills.core.procs.background_priority); None: DRILLS_BUILD_PRIORITY, else normal (locks.build_priority)."""
         self.root = Path(root or config.cache_dir())
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._background = background
@@ -181,8 +181,8 @@ class Toolchain:
         source and dependencies download (go mod tidy) before it takes a slot, so a download overlaps another
         component's compile.  A slot is never held while waiting for a component's lock, so they cannot
         deadlock.  ``on_built(comp)`` is called as each component is ready (built here or by another process)."""
-        # bad input (-j, DRILLS_BUILD_JOBS, DRILLS_BUILD_PRIORITY) before anything is done
-        slots, _ = (check_jobs(jobs) if jobs is not None else build_jobs()), self.background
+        slots = check_jobs(jobs) if jobs is not None else build_jobs()     # bad input before anything is done
+        self._background = self.background                                # (DRILLS_BUILD_PRIORITY too)
         todo = [c for c in comps if not self.is_built(c)]
         for c in comps:
             if c not in todo and on_built:
@@ -287,12 +287,9 @@ class Toolchain:
              gotoolchain: str = "local") -> str:
         logf.write(f"$ GOTOOLCHAIN={gotoolchain} {' '.join(args)}\n")
         logf.flush()
-        background = self.background
         proc = subprocess.Popen(args, cwd=cwd, env=go_env(gotoolchain), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                preexec_fn=background_priority if background else die_with_parent)
-        if background:
-            lower_session_group(proc.pid)
+                                preexec_fn=background_priority if self.background else die_with_parent)
         with _RUNNING_LOCK:
             stopped = self._stopping.is_set()
             if not stopped:
@@ -450,10 +447,10 @@ class Toolchain:
                                    commit: str | None = None) -> Path:
         """Build (once, cached) a rollouts-controller from ``release``'s module whose ``--version`` says
         ``reported`` (stamped with ``commit`` as upstream's Makefile stamps it, when given), and copy it into
-        ``out_dir``; returns the copy's path."""
+        ``out_dir``; returns the copy's path.  Not cached yet: the release is built (or waited for) first."""
         comp = user_built_component(release, reported, commit)
-        # the release first (or waited for): its packages are then in the Go build cache, and this build only links
-        self.ensure([rollouts_component(release)])
+        if not self.is_built(comp):     # the release first (or waited for): this build then only links
+            self.ensure([rollouts_component(release)])
         self.ensure([comp])
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
