@@ -109,8 +109,8 @@ class Toolchain:
 
     def __init__(self, root: Path | None = None, log: Callable[[str], None] | None = None,
                  background: bool | None = None):
-        """``background``: builds beside drills (a run's legs, a test session): their go commands run below them
-        (drills.core.procs.background_priority); None: DRILLS_BUILD_PRIORITY, else normal (locks.build_priority)."""
+        """``background``: the go commands run below the drills beside them (drills.core.procs.background_priority);
+        None: as DRILLS_BUILD_PRIORITY says, normal when unset (locks.build_priority)."""
         self.root = Path(root or config.cache_dir())
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._background = background
