@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
-from kubernetes import client
+from ..kube.k8s import client
 
 from ..cluster.availability import Availability
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name

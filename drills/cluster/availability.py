@@ -18,8 +18,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from ..kube import k8s
+from ..kube.k8s import client
 
 from ..kube.api import conflict_retry, new_client
 from ..core.wait import until
@@ -61,7 +61,7 @@ class Availability:
     def _read(self) -> tuple[dict, str | None]:
         try:
             cm = self.core.read_namespaced_config_map(CONFIGMAP, SYSTEM_NAMESPACE)
-        except ApiException as e:
+        except k8s.ApiException as e:
             if e.status == 404:
                 return {"default_delay": 1.0, "holds": []}, None
             raise
@@ -212,7 +212,7 @@ class Releaser:
                     self.core.patch_namespaced_pod(name, ns,
                                                    {"metadata": {"annotations": {RELEASE_ANNOTATION: _now_iso()}}})
                     print(f"{_now_iso()} released {ns}/{name}", flush=True)
-                except ApiException as e:
+                except k8s.ApiException as e:
                     if e.status != 404:
                         print(f"releaser: release {ns}/{name} failed: {e.status}", file=sys.stderr, flush=True)
                 with self.lock:

@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from ..kube import k8s
+from ..kube.k8s import client
 
 from ..core.procs import port_in_use
 from ..core.wait import WaitTimeout, until
@@ -130,7 +130,7 @@ class ExternalMetrics:
             self._register()
         except BaseException as e:          # a signal included: nothing of it is left registered or listening
             self.stop()
-            if isinstance(e, (WaitTimeout, ApiException)):
+            if isinstance(e, (WaitTimeout, k8s.ApiException)):
                 raise ExternalMetricsError(str(e).splitlines()[0]) from None
             raise
         self.log(f"external metrics: {API_SERVICE} served on 127.0.0.1:{self.port} through the aggregator")
@@ -149,7 +149,7 @@ class ExternalMetrics:
                            "service": {"name": SERVICE, "namespace": NAMESPACE, "port": self.port}}}
         try:
             core.create_namespaced_service(NAMESPACE, svc)
-        except ApiException as e:
+        except k8s.ApiException as e:
             if e.status != 409:
                 raise
             old = core.read_namespaced_service(SERVICE, NAMESPACE)
@@ -157,7 +157,7 @@ class ExternalMetrics:
                 core.patch_namespaced_service(SERVICE, NAMESPACE, {"spec": svc["spec"]})
         try:
             self._rv = reg.create_api_service(apisvc).metadata.resource_version
-        except ApiException as e:
+        except k8s.ApiException as e:
             if e.status != 409:
                 raise
             held = reg.read_api_service(API_SERVICE)
@@ -182,7 +182,7 @@ class ExternalMetrics:
                     reg.delete_api_service(API_SERVICE, body=client.V1DeleteOptions(
                         preconditions=client.V1Preconditions(resource_version=held.metadata.resource_version)))
                     client.CoreV1Api(self.api).delete_namespaced_service(SERVICE, NAMESPACE)
-            except ApiException as e:
+            except k8s.ApiException as e:
                 if e.status not in (404, 409):
                     self.log(f"external metrics: not unregistered: {e.reason}")
             self._rv = None

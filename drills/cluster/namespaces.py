@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 import uuid
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from ..kube import k8s
+from ..kube.k8s import client
 
 from ..core import config
 from .availability import Availability
@@ -29,10 +29,10 @@ def drop_namespace(api: client.ApiClient, name: str) -> None:
     """Remove the namespace and every availability hold of it (a namespace already gone is fine)."""
     try:
         Availability(api).clear(name)
-    except ApiException:
+    except k8s.ApiException:
         pass
     try:
         client.CoreV1Api(api).delete_namespace(name)
-    except ApiException as e:
+    except k8s.ApiException as e:
         if e.status != 404:
             raise

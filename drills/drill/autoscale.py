@@ -10,8 +10,8 @@ the only write it makes during the drill is the scale-out.  The write goes throu
 subresource, as for any HPA target."""
 from __future__ import annotations
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from ..kube import k8s
+from ..kube.k8s import client
 
 from contextlib import nullcontext
 
@@ -97,7 +97,7 @@ class HPAScaleOut:
             self.created = False
             try:
                 self.hpa.delete_namespaced_horizontal_pod_autoscaler(self.name, self.ns)
-            except ApiException as e:
+            except k8s.ApiException as e:
                 if e.status != 404:
                     self.log(f"autoscale: HPA {self.ns}/{self.name} not deleted: {e.reason}")
 

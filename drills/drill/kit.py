@@ -24,8 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from ..kube import k8s
+from ..kube.k8s import client
 
 from ..record import recorder, timeline
 from .. import routers
@@ -434,7 +434,7 @@ class DrillRollout:
     def cleanup(self) -> None:
         try:
             self.release_holds()
-        except (ApiException, OSError):     # the journal's restore releases what is left (a full disk: OSError)
+        except (k8s.ApiException, OSError):     # the journal's restore releases what is left (a full disk: OSError)
             pass
         if self._recording is not None and self._recording.running:
             try:

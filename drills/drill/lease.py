@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from ..kube import k8s
+from ..kube.k8s import client
 
 from ..kube import api as kube
 from ..cluster.usage import user
@@ -63,7 +63,7 @@ def release_lease(path: Path, allow: list[str] | None = None, log=None) -> bool:
         ns, name = key.split("/", 1)
         try:
             ro = co.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-        except ApiException as e:
+        except k8s.ApiException as e:
             if e.status == 404:
                 log(f"release-lease: {key} no longer exists; no lease there")
                 continue
@@ -91,7 +91,7 @@ def release_lease(path: Path, allow: list[str] | None = None, log=None) -> bool:
         try:
             co.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, ops,
                                               _content_type="application/json-patch+json")
-        except ApiException as e:
+        except k8s.ApiException as e:
             if e.status in (409, 422):
                 raise Refused(f"the lease on rollout {key} changed while it was being released; nothing was "
                               f"released there, try again") from None

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import yaml
-from kubernetes import client, dynamic
+from ..kube.k8s import client, dynamic
 
 from ..core import config
 

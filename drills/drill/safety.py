@@ -31,8 +31,8 @@ import threading
 import time
 from pathlib import Path
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from ..kube import k8s
+from ..kube.k8s import client
 
 from ..core import config, inputs
 from ..kube import api as kube
@@ -97,7 +97,7 @@ def check_context(context: str | None, embedded: bool, allow: list[str] | None =
 def check_namespace(api: client.ApiClient, namespace: str) -> None:
     try:
         ns = client.CoreV1Api(api).read_namespace(namespace)
-    except ApiException as e:
+    except k8s.ApiException as e:
         if e.status == 404:
             raise Refused(f"namespace {namespace!r} does not exist") from None
         raise kube.unreachable(e, api, f"reading namespace {namespace!r}") from None
@@ -151,7 +151,7 @@ def take_lease(api, namespace: str, name: str, value: str, attempts: int = 5) ->
                              "annotations": {LEASE_ANNOTATION: value}}}
         try:
             return co.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, body)
-        except ApiException as e:
+        except k8s.ApiException as e:
             if e.status != 409:         # 409: it changed since the read; look again
                 raise
     raise Refused(f"rollout {namespace}/{name} kept changing while the drill took its lease; nothing was changed, "
@@ -341,7 +341,7 @@ class Journal:
         for h in list(self.data["holds"]):
             try:
                 Availability(api).unhold(h["id"])
-            except ApiException:
+            except k8s.ApiException:
                 pass
         with self.lock:
             self.data["holds"] = []
@@ -372,7 +372,7 @@ class Journal:
         for _attempt in range(5):
             try:
                 ro = co.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-            except ApiException as e:
+            except k8s.ApiException as e:
                 if e.status == 404:
                     log(f"restore: {key} no longer exists; nothing to restore there")
                     return
@@ -401,7 +401,7 @@ class Journal:
                 try:
                     co.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, ops,
                                                       _content_type="application/json-patch+json")
-                except ApiException as e:
+                except k8s.ApiException as e:
                     if e.status in (409, 422):     # the test op failed: it changed under us, look again
                         continue
                     raise

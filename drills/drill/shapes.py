@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from kubernetes import client
+from ..kube.k8s import client
 
 from ..core import config
 from .. import routers

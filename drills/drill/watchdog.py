@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from kubernetes import client
+from ..kube.k8s import client
 
 from ..core import config
 from ..kube import api as kube

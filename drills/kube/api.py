@@ -14,6 +14,7 @@ request, bounded retries where a retry is safe, and API failures said in one lin
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import ssl
@@ -23,11 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import urllib3
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from . import kubeconfig
+from . import k8s
+from .k8s import client
 from ..core.errors import BadInput, Unreachable
 
 CONNECT_TIMEOUT = 5.0
@@ -82,16 +82,23 @@ def _cut(timeout, host: str | None):
     return min(timeout, left) if timeout else left
 
 
-class KubeClient(client.ApiClient):
-    """An ApiClient whose requests always carry a (connect, read) timeout, cut to the phase's deadline."""
+@functools.lru_cache(maxsize=None)
+def kube_client_class() -> type:
+    """KubeClient: an ApiClient whose requests always carry a (connect, read) timeout, cut to the phase's deadline
+    (made on first use: its base class is the Kubernetes client's, imported only by a command that talks to a
+    cluster)."""
 
-    def request(self, method, url, query_params=None, headers=None, post_params=None, body=None,
-                _preload_content=True, _request_timeout=None):
-        if _request_timeout is None:
-            _request_timeout = default_timeout(query_params)
-        _request_timeout = _cut(_request_timeout, getattr(self.configuration, "host", None))
-        return super().request(method, url, query_params=query_params, headers=headers, post_params=post_params,
-                               body=body, _preload_content=_preload_content, _request_timeout=_request_timeout)
+    class KubeClient(client.ApiClient):
+        def request(self, method, url, query_params=None, headers=None, post_params=None, body=None,
+                    _preload_content=True, _request_timeout=None):
+            if _request_timeout is None:
+                _request_timeout = default_timeout(query_params)
+            _request_timeout = _cut(_request_timeout, getattr(self.configuration, "host", None))
+            return super().request(method, url, query_params=query_params, headers=headers,
+                                   post_params=post_params, body=body, _preload_content=_preload_content,
+                                   _request_timeout=_request_timeout)
+
+    return KubeClient
 
 
 def default_timeout(query_params) -> tuple[float, float]:
@@ -111,21 +118,23 @@ def resolve_kubeconfig(path: str | None, context: str | None) -> tuple[str, str]
     """As kubectl: --kubeconfig, else the files of $KUBECONFIG merged (the first file wins), else
     ~/.kube/config; --context, else the current context (refused when unset).  Raises BadInput naming what is
     missing (drills.kube.kubeconfig); nothing is run and nothing is sent."""
+    from . import kubeconfig         # the client's kubeconfig loader: imported when a kubeconfig is read
     return kubeconfig.resolve(path, context)
 
 
 USER_AGENT = "drills/0.1"
 
 
-def new_client(kubeconfig_spec: str | Path, context: str | None = None, agent: str = USER_AGENT) -> KubeClient:
+def new_client(kubeconfig_spec: str | Path, context: str | None = None, agent: str = USER_AGENT) -> client.ApiClient:
     """A client for one kubeconfig context, saying who it is (``agent``: the apiserver's audit log tells the
     drill's own requests from the releaser's and the controllers'); BadInput (exit 2) when the kubeconfig cannot
     be loaded or its credentials cannot be had (an exec plugin that fails or hangs past the request timeout)."""
     cfg = client.Configuration()
+    from . import kubeconfig
     kubeconfig.configure(cfg, str(kubeconfig_spec), context, exec_timeout=_budget(read_timeout()))
     cfg.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, backoff_factor=0.2,
                                 raise_on_status=False)
-    api = KubeClient(configuration=cfg)
+    api = kube_client_class()(configuration=cfg)
     api.user_agent = agent
     return api
 
@@ -138,13 +147,13 @@ def _one_line(e: BaseException) -> str:
 
 def is_connection_error(e: BaseException) -> bool:
     return isinstance(e, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, socket.timeout, ssl.SSLError,
-                          OSError)) and not isinstance(e, ApiException)
+                          OSError)) and not isinstance(e, k8s.ApiException)
 
 
 def describe(e: BaseException, server: str | None = None, what: str = "the request") -> str:
     """One line for a failed request."""
     at = f" at {server}" if server else ""
-    if isinstance(e, ApiException):
+    if isinstance(e, k8s.ApiException):
         reason = (e.reason or "").strip()
         if e.status == 0:
             return f"{what}: no answer from the API server{at} ({reason or 'connection failed'})"
@@ -166,7 +175,7 @@ def describe(e: BaseException, server: str | None = None, what: str = "the reque
     return f"{what}: {type(e).__name__}: {_one_line(e)}"
 
 
-def _body_message(e: ApiException) -> str:
+def _body_message(e: k8s.ApiException) -> str:
     import json
     try:
         return str(json.loads(e.body or "{}").get("message") or e.reason or "").strip()[:200]
@@ -184,14 +193,14 @@ def unreachable(e: BaseException, api: client.ApiClient | None = None, what: str
 
 def transient(e: BaseException) -> bool:
     """A failure worth repeating a read for: no answer, overload, a dropped connection."""
-    if isinstance(e, ApiException):
+    if isinstance(e, k8s.ApiException):
         return e.status in (0, 429, 500, 502, 503, 504)
     return is_connection_error(e)
 
 
 def conflict_retry(attempts: int = 5):
     """Retry a write that lost a resourceVersion race (409 Conflict), recomputed each time."""
-    return retry(retry=retry_if_exception(lambda e: isinstance(e, ApiException) and e.status == 409),
+    return retry(retry=retry_if_exception(lambda e: isinstance(e, k8s.ApiException) and e.status == 409),
                  stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=0.05, max=0.5), reraise=True)
 
 

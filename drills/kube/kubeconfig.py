@@ -13,15 +13,12 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from kubernetes.config.config_exception import ConfigException
-from kubernetes.config.exec_provider import ExecProvider
-from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
 from ..core import inputs
 from ..core.errors import BadInput, Unreachable
@@ -86,6 +83,7 @@ def read(spec: str | None) -> Kubeconfig:
         cc = doc.get("current-context")
         if current is None and isinstance(cc, str) and cc:
             current = cc
+    from kubernetes.config.kube_config import KubeConfigMerger     # the client: imported when a kubeconfig is read
     try:
         merger = KubeConfigMerger(shown)
     except Exception as e:                       # the library raises many kinds for a malformed file
@@ -144,81 +142,92 @@ def server_of(path: str | None, context: str | None) -> str | None:
 
 
 # --- exec credential plugins -----------------------------------------------------------------------------------
-class _Exec(ExecProvider):
-    """The client's exec provider with its process run as every child of the product runs: under a timeout, in
-    a process group of its own (killed with it), dying with its parent; a failure raises."""
+@functools.lru_cache(maxsize=None)
+def _client_classes() -> tuple[type, type]:
+    """(_Exec, _Loader), made on first use: their bases are the Kubernetes client's, imported only by a command
+    that reads a kubeconfig."""
+    from kubernetes.config.config_exception import ConfigException
+    from kubernetes.config.exec_provider import ExecProvider
+    from kubernetes.config.kube_config import KubeConfigLoader
 
-    def __init__(self, exec_config, cwd, cluster=None, timeout: float = 15.0):
-        super().__init__(exec_config, cwd, cluster)
-        self.timeout = timeout
+    class _Exec(ExecProvider):
+        """The client's exec provider with its process run as every child of the product runs: under a timeout, in
+        a process group of its own (killed with it), dying with its parent; a failure raises."""
 
-    def run(self, previous_response=None):
-        from ..core.procs import run_bounded
-        info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
-        if previous_response:
-            info["spec"]["response"] = previous_response
-        if self.cluster:
-            info["spec"]["cluster"] = self.cluster.value
-        env = dict(self.env, KUBERNETES_EXEC_INFO=json.dumps(info))
-        name = self.args[0]
-        try:
-            r = run_bounded(self.args, timeout=self.timeout, env=env, cwd=self.cwd)
-        except subprocess.TimeoutExpired:
-            raise ConfigException(f"exec plugin {name} did not answer within {self.timeout:.0f}s "
-                                  f"(DRILLS_REQUEST_TIMEOUT): stopped it") from None
-        except OSError as e:
-            raise ConfigException(f"exec plugin {name} cannot run: {e.strerror or e}") from None
-        if r.returncode != 0:
-            raise ConfigException(f"exec plugin {name} failed (exit {r.returncode})"
-                                  + (f": {r.stderr.strip()[-300:]}" if r.stderr.strip() else ""))
-        try:
-            data = inputs.load_json(r.stdout, what=f"exec plugin {name}'s answer")
-        except BadInput as e:
-            raise ConfigException(str(e)) from None
-        if not isinstance(data, dict) or not isinstance(data.get("status"), dict):
-            raise ConfigException(f"exec plugin {name} answered no ExecCredential status")
-        if data.get("apiVersion") != self.api_version:
-            raise ConfigException(f"exec plugin {name} answered apiVersion {data.get('apiVersion')!r}, not "
-                                  f"{self.api_version}")
-        return data["status"]
+        def __init__(self, exec_config, cwd, cluster=None, timeout: float = 15.0):
+            super().__init__(exec_config, cwd, cluster)
+            self.timeout = timeout
+
+        def run(self, previous_response=None):
+            from ..core.procs import run_bounded
+            info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
+            if previous_response:
+                info["spec"]["response"] = previous_response
+            if self.cluster:
+                info["spec"]["cluster"] = self.cluster.value
+            env = dict(self.env, KUBERNETES_EXEC_INFO=json.dumps(info))
+            name = self.args[0]
+            try:
+                r = run_bounded(self.args, timeout=self.timeout, env=env, cwd=self.cwd)
+            except subprocess.TimeoutExpired:
+                raise ConfigException(f"exec plugin {name} did not answer within {self.timeout:.0f}s "
+                                      f"(DRILLS_REQUEST_TIMEOUT): stopped it") from None
+            except OSError as e:
+                raise ConfigException(f"exec plugin {name} cannot run: {e.strerror or e}") from None
+            if r.returncode != 0:
+                raise ConfigException(f"exec plugin {name} failed (exit {r.returncode})"
+                                      + (f": {r.stderr.strip()[-300:]}" if r.stderr.strip() else ""))
+            try:
+                data = inputs.load_json(r.stdout, what=f"exec plugin {name}'s answer")
+            except BadInput as e:
+                raise ConfigException(str(e)) from None
+            if not isinstance(data, dict) or not isinstance(data.get("status"), dict):
+                raise ConfigException(f"exec plugin {name} answered no ExecCredential status")
+            if data.get("apiVersion") != self.api_version:
+                raise ConfigException(f"exec plugin {name} answered apiVersion {data.get('apiVersion')!r}, not "
+                                      f"{self.api_version}")
+            return data["status"]
 
 
-class _Loader(KubeConfigLoader):
-    """The client's loader, but an exec plugin that fails is an error (the library logs it and goes on without
-    credentials)."""
+    class _Loader(KubeConfigLoader):
+        """The client's loader, but an exec plugin that fails is an error (the library logs it and goes on without
+        credentials)."""
 
-    exec_timeout = 15.0
+        exec_timeout = 15.0
 
-    def _load_from_exec_plugin(self):
-        if "exec" not in self._user:
-            return None
-        base_path = self._get_base_path(self._cluster.path)
-        status = _Exec(self._user["exec"], base_path, self._cluster, self.exec_timeout).run()
-        if "token" in status:
-            self.token = f"Bearer {status['token']}"
-        elif "clientCertificateData" in status and "clientKeyData" in status:
-            from kubernetes.config.kube_config import FileOrData
-            self.cert_file = FileOrData(status, None, data_key_name="clientCertificateData", file_base_path=base_path,
-                                        base64_file_content=False, temp_file_path=self._temp_file_path).as_file()
-            self.key_file = FileOrData(status, None, data_key_name="clientKeyData", file_base_path=base_path,
-                                       base64_file_content=False, temp_file_path=self._temp_file_path).as_file()
-        else:
-            raise ConfigException(f"exec plugin {self._user['exec'].safe_get('command')} answered neither a token nor "
-                                  f"a client certificate and key")
-        if "expirationTimestamp" in status:
-            from kubernetes.config.dateutil import parse_rfc3339
-            self.expiry = parse_rfc3339(status["expirationTimestamp"])
-        return True
+        def _load_from_exec_plugin(self):
+            if "exec" not in self._user:
+                return None
+            base_path = self._get_base_path(self._cluster.path)
+            status = _Exec(self._user["exec"], base_path, self._cluster, self.exec_timeout).run()
+            if "token" in status:
+                self.token = f"Bearer {status['token']}"
+            elif "clientCertificateData" in status and "clientKeyData" in status:
+                from kubernetes.config.kube_config import FileOrData
+                self.cert_file = FileOrData(status, None, data_key_name="clientCertificateData", file_base_path=base_path,
+                                            base64_file_content=False, temp_file_path=self._temp_file_path).as_file()
+                self.key_file = FileOrData(status, None, data_key_name="clientKeyData", file_base_path=base_path,
+                                           base64_file_content=False, temp_file_path=self._temp_file_path).as_file()
+            else:
+                raise ConfigException(f"exec plugin {self._user['exec'].safe_get('command')} answered neither a token nor "
+                                      f"a client certificate and key")
+            if "expirationTimestamp" in status:
+                from kubernetes.config.dateutil import parse_rfc3339
+                self.expiry = parse_rfc3339(status["expirationTimestamp"])
+            return True
+
+    return _Exec, _Loader
 
 
 def configure(cfg, spec: str | Path, context: str | None, exec_timeout: float) -> str:
     """Fill a client Configuration from the kubeconfig (credentials, TLS, proxy); returns the context used.
     BadInput when the kubeconfig is unusable, Unreachable when its credentials cannot be had."""
+    from kubernetes.config.config_exception import ConfigException
     kc = read(str(spec))
     ctx = check_context(kc, context)
     where = f"kubeconfig {kc.spec} context {ctx!r}"
     try:
-        loader = _Loader(config_dict=kc.merged, active_context=ctx, config_base_path=None)
+        loader = _client_classes()[1](config_dict=kc.merged, active_context=ctx, config_base_path=None)
         loader.exec_timeout = exec_timeout
         loader.load_and_set(cfg)
         proxy = loader._cluster.safe_get("proxy-url")

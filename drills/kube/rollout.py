@@ -21,8 +21,8 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from . import k8s
+from .k8s import client
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..core import config
@@ -85,7 +85,7 @@ class Rollouts:
         def do():
             try:
                 return self.co.patch_namespaced_custom_object_status(GROUP, VERSION, self.ns, PLURAL, name, body)
-            except ApiException as e:
+            except k8s.ApiException as e:
                 if e.status == 404:   # no status subresource: the plugin's fallback to the main resource
                     return self.co.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, body)
                 raise
@@ -126,7 +126,7 @@ class Rollouts:
         def update():
             try:
                 return self.co.replace_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, new)
-            except ApiException as e:
+            except k8s.ApiException as e:
                 # a retried Update whose first attempt was applied (its answer lost) conflicts on the
                 # resourceVersion: it is done when the template is already the one this Update carried
                 if e.status == 409:

@@ -16,9 +16,7 @@ import threading
 import time
 from typing import Callable
 
-from kubernetes.client.rest import ApiException
-from kubernetes.watch.watch import iter_resp_lines
-
+from . import k8s
 from .api import transient
 
 GONE = 410
@@ -87,7 +85,7 @@ class ListWatch:
                         return True
                 if self._watch_once(on_event, deadline):
                     return True
-            except ApiException as e:
+            except k8s.ApiException as e:
                 if self.stopped.is_set():
                     break
                 if e.status == GONE:
@@ -121,7 +119,7 @@ class ListWatch:
                             **self.kwargs)
         self._resp = resp
         try:
-            for line in iter_resp_lines(resp):
+            for line in k8s.iter_resp_lines(resp):
                 if self.stopped.is_set():
                     return False
                 if not line.strip():
@@ -135,7 +133,7 @@ class ListWatch:
                 self.corrupt = 0
                 obj, kind = ev["object"], ev["type"]
                 if kind == "ERROR":
-                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                    raise k8s.ApiException(status=obj.get("code"), reason=obj.get("message"))
                 self.resource_version = obj["metadata"]["resourceVersion"]
                 if kind == "BOOKMARK":
                     continue

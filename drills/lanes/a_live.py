@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kubernetes import client
+from ..kube.k8s import client
 
 from ..record import timeline
 from ..record.answer import exposed, peak_fact

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
-from kubernetes import client
+from ..kube.k8s import client
 
 from ..core import config
 from ..traffic import load, mesh_server, prometheus

@@ -23,8 +23,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from ..kube import k8s
+from ..kube.k8s import client
 
 from ..core import config
 from ..kube import api as kube
@@ -150,7 +150,7 @@ class Recorder:
             self.router = routers.of_canary(((ro.get("spec") or {}).get("strategy") or {}).get("canary") or {}) \
                 or self.router
             sel = selector_string(ro["spec"].get("selector"))
-        except ApiException as e:
+        except k8s.ApiException as e:
             if e.status != 404:
                 raise
             # recorded from its creation: ReplicaSets and Pods of the whole namespace until it exists
@@ -391,7 +391,7 @@ def watch_rollout(api, namespace: str, rollout: str, out: Path, duration: float 
     try:
         rl.get(rollout)
         exists = True
-    except ApiException as e:
+    except k8s.ApiException as e:
         if e.status != 404:
             raise kube.unreachable(e, api, f"reading rollout {namespace}/{rollout}") from None
         exists = False
@@ -408,7 +408,7 @@ def watch_rollout(api, namespace: str, rollout: str, out: Path, duration: float 
         if until_healthy and time.monotonic() - t0 > 2:
             try:
                 ro = rl.get(rollout)
-            except ApiException as e:
+            except k8s.ApiException as e:
                 if e.status == 404:
                     return False
                 raise

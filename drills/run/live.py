@@ -18,8 +18,8 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+from ..kube import k8s
+from ..kube.k8s import client
 
 from ..core import config
 from ..kube import api as kube
@@ -158,7 +158,7 @@ def preflight(api, target: LiveTarget, sync_paused: bool) -> dict:
     ro_api = Rollouts(api, namespace)
     try:
         ro = ro_api.get(name)
-    except ApiException as e:
+    except k8s.ApiException as e:
         if e.status == 404:
             raise Refused(f"rollout {namespace}/{name} does not exist") from None
         raise kube.unreachable(e, api, f"reading rollout {namespace}/{name}") from None
@@ -275,7 +275,7 @@ def run_live_b(args, duration: float, log=None) -> int:
             check_namespace(api, target.namespace)
             router = router_of(Rollouts(api, target.namespace).get(target.rollout), strict=False)
             version = args.controller or controller_image_version(api)
-    except ApiException as e:
+    except k8s.ApiException as e:
         if e.status == 404:
             raise Refused(f"rollout {target.namespace}/{target.rollout} does not exist") from None
         raise kube.unreachable(e, api, "live preflight") from None

@@ -14,7 +14,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 
-from kubernetes import client
+from ..kube.k8s import client
 
 from .. import __version__
 from ..core import config

@@ -23,7 +23,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from kubernetes import client
+from ..kube.k8s import client
 
 from .. import routers
 from ..kube.api import new_client
