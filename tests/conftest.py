@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from xdist.scheduler import LoadFileScheduling
+from scheduling import VersionGroupedFileScheduling
 
 from drills.core import config as settings
 from drills.drill.kit import DrillRollout
@@ -385,27 +385,6 @@ def pytest_runtest_setup(item):
     helm = next(c for c in components_for([]) if c.name == "helm")
     Toolchain().ensure([helm])              # built, or waited for while the session's build makes it
     _HELM_READY.append(True)
-
-
-def later_version(nodeid: str, later: tuple[str, ...]) -> str | None:
-    """The controller version after the first one that a test's parameters name (``test_x[v1.10.2]``,
-    ``test_y[v1.10.2-case]``), or None."""
-    if not nodeid.endswith("]") or "[" not in nodeid:
-        return None
-    parts = nodeid[nodeid.index("[") + 1:-1].split("-")
-    return next((v for v in later if v in parts), None)
-
-
-class VersionGroupedFileScheduling(LoadFileScheduling):
-    """--dist loadfile, but a test on a later controller version (``later``) goes with every other test on that
-    version, to one worker: a worker's cluster is replaced at each version change (a fresh cluster, never a
-    controller swapped under it), and a file that runs on both versions replaced it twice, on each worker that took
-    one."""
-    later: tuple[str, ...] = ()
-
-    def _split_scope(self, nodeid: str) -> str:
-        version = later_version(nodeid, self.later)
-        return f"controller {version}" if version else super()._split_scope(nodeid)
 
 
 def pytest_xdist_make_scheduler(config, log):

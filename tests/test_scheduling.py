@@ -2,7 +2,7 @@
 on a later controller version to one worker, so that no worker's cluster is replaced twice for each such file."""
 from __future__ import annotations
 
-from conftest import VersionGroupedFileScheduling, later_version
+from scheduling import VersionGroupedFileScheduling, later_version
 
 LATER = ("v1.10.2",)
 
