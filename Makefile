@@ -31,5 +31,9 @@ drills: install
 	$(PYTHON) -m drills run $(DRILLS_ARGS)
 
 # The tests: the framework's own tests and the drills (every lane), on v1.8.2 and v1.10.2.
+# The tests start hundreds of Python processes (the drills' commands, the legs' pytest runs): their bytecode is
+# cached outside the checkout, in the drills cache's pycache folder (or $PYTHONPYCACHEPREFIX), even where
+# PYTHONDONTWRITEBYTECODE is set (collecting the tests 10.1 -> 3.8 CPU-s, a `drills cluster status` 0.59 -> 0.32)
 test: install
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX="$${PYTHONPYCACHEPREFIX:-$${DRILLS_CACHE:-$$HOME/.cache/drills}/pycache}" \
 	$(PYTHON) -m pytest -p no:locust -q -rfE -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --controller $(TEST_CONTROLLERS) $(PYTEST_ARGS) tests
