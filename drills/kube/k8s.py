@@ -22,7 +22,14 @@ class LazyModule:
         self.__dict__["_name"] = name
 
     def __getattr__(self, attr: str):
-        return getattr(importlib.import_module(self.__dict__["_name"]), attr)
+        name = self.__dict__.get("_name")
+        if name is None or (attr.startswith("__") and attr.endswith("__")):
+            # copy/pickle probe dunders on an empty instance: never an import, never a KeyError
+            raise AttributeError(attr)
+        return getattr(importlib.import_module(name), attr)
+
+    def __reduce__(self):
+        return LazyModule, (self.__dict__["_name"],)
 
     def __repr__(self) -> str:
         return f"<module {self.__dict__['_name']} (imported on first use)>"
