@@ -392,10 +392,12 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     sched = VersionGroupedFileScheduling(config, log)
     try:
-        sched.later = tuple(resolve_controller_versions(config.getoption("--controller", None) or
-                                                        ",".join(settings.TEST_CONTROLLERS), check_served=False)[1:])
-    except Exception:        # a bad --controller is the tests' own error to report
-        pass
+        versions = resolve_controller_versions(config.getoption("--controller", None) or
+                                               ",".join(settings.TEST_CONTROLLERS), check_served=False)
+    except Exception as e:   # a bad --controller is the tests' own error to report; the files are handed out whole
+        print(f"drills: tests handed to the workers by file only ({e})", file=sys.stderr)
+        return sched
+    sched.first, sched.later = tuple(versions[:1]), tuple(versions[1:])
     return sched
 
 

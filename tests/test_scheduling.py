@@ -21,6 +21,11 @@ def test_a_later_version_is_read_from_the_parameters_alone():
     assert later_version("tests/test_probe.py::test_x[v1.10.20]", LATER) is None
     assert later_version("tests/test_v1.10.2.py::test_x", LATER) is None
     assert later_version("tests/test_probe.py::test_x[v1.10.2]", ()) is None
+    # a version with a hyphen is whole parts of the id; of two that fit, the longer is the test's
+    assert later_version("tests/test_probe.py::test_x[v1.11.0-rc1-case]", ("v1.11.0-rc1",)) == "v1.11.0-rc1"
+    assert later_version("tests/test_probe.py::test_x[v1.11.0-rc1]", ("v1.11.0",), ("v1.11.0-rc1",)) is None
+    assert later_version("tests/test_probe.py::test_x[v1.11.0-case]", ("v1.11.0",), ("v1.11.0-rc1",)) == "v1.11.0"
+    assert later_version("tests/test_probe.py::test_x[v1.10.2rc]", LATER) is None
 
 
 def test_tests_of_a_later_version_share_one_scope_across_files_the_others_keep_their_file():
