@@ -32,8 +32,12 @@ drills: install
 
 # The tests: the framework's own tests and the drills (every lane), on v1.8.2 and v1.10.2.
 # The tests start hundreds of Python processes (the drills' commands, the legs' pytest runs): their bytecode is
-# cached outside the checkout, in the drills cache's pycache folder (or $PYTHONPYCACHEPREFIX), even where
-# PYTHONDONTWRITEBYTECODE is set (collecting the tests 10.1 -> 3.8 CPU-s, a `drills cluster status` 0.59 -> 0.32)
+# cached for the session, even where PYTHONDONTWRITEBYTECODE is set, in a folder of its own (mode 0700, removed at
+# the end; $PYTHONPYCACHEPREFIX when set), never in the checkout and never where another user could plant a .pyc
+# (collecting the tests 10.1 -> 3.8 CPU-s, a `drills cluster status` 0.59 -> 0.32)
 test: install
-	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX="$${PYTHONPYCACHEPREFIX:-$${DRILLS_CACHE:-$$HOME/.cache/drills}/pycache}" \
+	tmp=; prefix="$${PYTHONPYCACHEPREFIX:-}"; \
+	if [ -z "$$prefix" ]; then tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/drills-pycache.XXXXXX") && prefix="$$tmp"; fi; \
+	trap '[ -z "$$tmp" ] || rm -rf "$$tmp"' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; \
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX="$$prefix" \
 	$(PYTHON) -m pytest -p no:locust -q -rfE -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --controller $(TEST_CONTROLLERS) $(PYTEST_ARGS) tests
