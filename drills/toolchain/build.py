@@ -43,9 +43,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 # no symbol table or DWARF in the built binaries: nothing here debugs them, and the linker then writes less for
 # the large Kubernetes and Argo Rollouts binaries (figures: benchmarks/bench_toolchain.py)
 LINK_FLAGS = ("-s", "-w")
-# nor does the compiler write the DWARF the linker would drop: about 9 % less compile CPU (`go build -trimpath std`
-# from an empty GOCACHE, twice each way: 54.6 and 53.7 CPU-s with DWARF, 49.3 and 48.8 without), on a cold machine
-# the largest share of its CPU
+# nor compiler DWARF the linker would drop: ~9 % less compile CPU, a cold machine's largest share (`go build -trimpath
+# std`, empty GOCACHE, twice each way: 54.6 and 53.7 CPU-s with DWARF, 49.3 and 48.8 without)
 COMPILE_FLAGS = ("-gcflags=all=-dwarf=false",)
 # how long a stopped build waits for its threads before the signal goes on
 STOP_JOIN_S = 10.0
