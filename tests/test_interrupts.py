@@ -259,17 +259,17 @@ def test_a_signal_whose_interrupted_a_finalizer_swallowed_is_raised_again():
         for _ in range(20):
             started = threading.Event()
             sender = threading.Thread(target=lambda: (started.wait(10), os.kill(os.getpid(), signal.SIGINT)))
-            with SignalGuard():
-                sender.start()
-                try:
+            try:                     # the guard's end raises one its re-delivery had not yet brought
+                with SignalGuard():
+                    sender.start()
                     for i in range(300_000):
                         a, b = _Finalized(), _Finalized()
                         a.other, b.other = b, a          # a cycle: the GC runs the finalizers, in the middle of it
                         del a, b
                         if i == 100:
                             started.set()
-                except Interrupted:
-                    caught += 1
+            except Interrupted:
+                caught += 1
             sender.join()
     finally:
         sys.unraisablehook = previous

@@ -41,9 +41,11 @@ def held():
 REDELIVER_S = 0.01     # how long after a swallowed Interrupted its signal comes again
 
 
-def _send_later(thread_id: int, signum: int) -> None:
+def _send_later(guard: "SignalGuard", pending: "Interrupted") -> None:
     time.sleep(REDELIVER_S)
-    signal.pthread_kill(thread_id, signum)
+    with guard._lock:              # only while it is still pending: a guard that ended raised it itself
+        if guard._again is pending and guard._main is not None:
+            signal.pthread_kill(guard._main, pending.signum)
 
 
 class Interrupted(BaseException):
@@ -68,6 +70,7 @@ class SignalGuard:
         self._stop_reason: str | None = None
         self._stop_handled = threading.Event()
         self._again: Interrupted | None = None
+        self._lock = threading.Lock()
         self._hook = None
 
     def _unraisable(self, u) -> None:
@@ -77,7 +80,7 @@ class SignalGuard:
         if isinstance(u.exc_value, Interrupted) and self._main is not None and not self._quiet:
             self._again = u.exc_value
             # from another thread, a moment later: sent from here, the handler would run at once, inside this hook
-            _thread.start_new_thread(_send_later, (self._main, u.exc_value.signum))
+            _thread.start_new_thread(_send_later, (self, u.exc_value))
             return
         (self._hook or sys.__unraisablehook__)(u)
 
@@ -128,7 +131,8 @@ class SignalGuard:
         return self
 
     def __exit__(self, *exc):
-        self._main = None
+        with self._lock:
+            self._main, again, self._again = None, self._again, None
         if self._hook is not None:
             sys.unraisablehook, self._hook = self._hook, None
         if self._quiet and self._old:
@@ -141,4 +145,6 @@ class SignalGuard:
             if signal.getsignal(s) is signal.SIG_IGN and h is not signal.SIG_IGN:
                 continue        # a guard inside this one went quiet before the process exits: keep ignoring
             signal.signal(s, h)
+        if again is not None and exc[0] is None:
+            raise again           # swallowed in a finalizer, its re-delivery not yet come: never lost at the block's end
         return False
