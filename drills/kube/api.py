@@ -129,8 +129,8 @@ def new_client(kubeconfig_spec: str | Path, context: str | None = None, agent: s
     """A client for one kubeconfig context, saying who it is (``agent``: the apiserver's audit log tells the
     drill's own requests from the releaser's and the controllers'); BadInput (exit 2) when the kubeconfig cannot
     be loaded or its credentials cannot be had (an exec plugin that fails or hangs past the request timeout)."""
-    cfg = client.Configuration()
     from . import kubeconfig
+    cfg = client.Configuration()
     kubeconfig.configure(cfg, str(kubeconfig_spec), context, exec_timeout=_budget(read_timeout()))
     cfg.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, backoff_factor=0.2,
                                 raise_on_status=False)

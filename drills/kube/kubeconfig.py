@@ -188,7 +188,6 @@ def _client_classes() -> tuple[type, type]:
                                       f"{self.api_version}")
             return data["status"]
 
-
     class _Loader(KubeConfigLoader):
         """The client's loader, but an exec plugin that fails is an error (the library logs it and goes on without
         credentials)."""
