@@ -72,6 +72,21 @@ def test_default_jobs_is_bounded_by_the_legs():
     assert 1 <= runner.default_jobs() <= 3 * (os.cpu_count() or 1)
 
 
+def test_a_run_starts_its_legs_longest_first_by_measured_duration_then_estimate(tmp_path, monkeypatch):
+    """The last leg to start must not be a long one that then runs alone: legs start by their measured durations
+    (a leg never measured: its lane's estimate), ties in plan order."""
+    monkeypatch.setenv("DRILLS_CACHE", str(tmp_path / "cache"))
+    plan = legs.plan(["v1.8.2", "v1.10.2"], ["a", "b", "escape"])
+    run = runner.Run(plan, tmp_path / "run", 2)
+    estimates = [legs.estimate(x, {}) for x in run.start_order]
+    assert estimates == sorted(estimates, reverse=True) and sorted(run.start_order, key=plan.index) == plan
+    assert [x.id for x in run.start_order][:2] == ["v1.8.2/escape/stage", "v1.10.2/escape/stage"]   # plan order
+    legs.record_duration(legs.Leg("v1.10.2", "b"), 9000.0)          # measured: longer than any estimate
+    legs.record_duration(legs.Leg("v1.8.2", "escape"), 1.0)
+    order = [x.id for x in runner.Run(plan, tmp_path / "run", 2).start_order]
+    assert order[0] == "v1.10.2/b/stage" and order[-1] == "v1.8.2/escape/stage", order
+
+
 def _shard_folder(root, name, digest, leg_ids, rows):
     d = root / name
     led = Ledger(d, name, "embedded", "v1.8.2")

@@ -35,7 +35,7 @@ DEPLOY_TIMEOUT_S = 300
 
 class LaneB(Runbook):
     key = "b"
-    estimate_s = 120.0
+    estimate_s = 45.0
     title = "base chart path: render equivalence, merge-alone, propagation to one inheritor, its first deploy"
     extras = ("registry",)
     uses_helm = True

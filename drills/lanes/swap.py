@@ -97,7 +97,7 @@ class Snapshot:
 class LaneSwap(Runbook):
     key = swap_rows.LANE
     title = "The controller upgrade under live Rollouts: what the new controller does with the old one's state"
-    estimate_s = 420.0
+    estimate_s = 190.0
     uses_helm = True
 
     def __init__(self, ctx: LaneContext):

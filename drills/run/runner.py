@@ -173,6 +173,11 @@ class Run(Stopping):
         self.threads: list[threading.Thread] = []
         self.remains: list[str] = []                # what an interrupted run could not take away
         self.stopped_at = 0.0
+        # legs start longest first (measured durations, else the lane's estimate; ties in plan order): a long leg
+        # started last would run alone at the end while the other slots stand idle
+        durations = legsmod.read_durations()
+        self.start_order = [x for _, _, x in sorted((-legsmod.estimate(x, durations), i, x)
+                                                    for i, x in enumerate(self.legs))]
 
     @staticmethod
     def _key(leg: Leg) -> str:
@@ -350,7 +355,7 @@ class Run(Stopping):
         return self.results
 
     def _legs(self) -> None:
-        pending = list(self.legs)
+        pending = list(self.start_order)
         threads = self.threads
         next_status = time.monotonic() + STATUS_EVERY_S
         while pending or any(t.is_alive() for t in threads):
