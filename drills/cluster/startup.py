@@ -92,7 +92,7 @@ class PhaseClock:
         self.phases.append({"phase": name, "start": t, "end": t})
 
 
-ETCD_TICK_MS = 25
+ETCD_TICK_MS = 100
 CONTROL_PLANE_GOGC = 400
 
 
@@ -135,16 +135,20 @@ def kwokctl_configuration(tc, folder: Path, ports: list[int], api_port: int | No
     # one instance each, so no leader election: no Lease in a snapshot for a restored one to wait out
     patches = [{"name": n, "extraArgs": [{"key": "leader-elect", "value": "false"}]}
                for n in ("kube-controller-manager", "kube-scheduler")]
-    # a single etcd member fast-forwards its election ticks and elects itself a tick or a few later: a 25 ms tick
-    # elects within ~0.1 s, and idles at about half the CPU of a 10 ms one (a raft tick every interval, for life)
+    # a single etcd member fast-forwards its election ticks and elects itself a tick or a few later: a 100 ms tick
+    # starts a cluster as fast as a 25 ms one (2.9 s from a snapshot either way) and idles at ~55 % of its CPU
+    # (0.46 against 0.83 CPU-s a minute; a raft tick every interval, for life, in every cluster a test run starts)
     patches.append({"name": "etcd", "extraArgs": [{"key": "heartbeat-interval", "value": str(ETCD_TICK_MS)},
                                                   {"key": "election-timeout", "value": str(5 * ETCD_TICK_MS)}]})
     # a short-lived cluster on a small machine: the Go collector of the control plane runs at a quarter of its
     # default pace (GOGC): the apiserver's start-up takes a third less CPU for ~100 MiB more heap
-    # (benchmarks/bench_cluster.py prints a start's CPU); the controller under test keeps its own default
+    # (benchmarks/bench_cluster.py prints a start's CPU); and one thread runs Go code at a time (GOMAXPROCS): an
+    # idle cluster costs ~20 % less CPU (1.6 against 1.9-2.2 CPU-s a minute: no scheduler threads spinning for
+    # work on the other core) and a start the same CPU, ~0.2 s later.  The controller under test keeps its defaults.
+    envs = [{"name": "GOGC", "value": str(CONTROL_PLANE_GOGC)}, {"name": "GOMAXPROCS", "value": "1"}]
     for patch in patches:
-        patch["extraEnvs"] = [{"name": "GOGC", "value": str(CONTROL_PLANE_GOGC)}]
-    patches.append({"name": "kube-apiserver", "extraEnvs": [{"name": "GOGC", "value": str(CONTROL_PLANE_GOGC)}]})
+        patch["extraEnvs"] = list(envs)
+    patches.append({"name": "kube-apiserver", "extraEnvs": list(envs)})
     conf = {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "options": opts,
             "componentsPatches": patches}
     stages = load_stages(tc.bin("kwok", config.KWOK_VERSION, "stages"))
