@@ -72,19 +72,39 @@ def test_default_jobs_is_bounded_by_the_legs():
     assert 1 <= runner.default_jobs() <= 3 * (os.cpu_count() or 1)
 
 
-def test_a_run_starts_its_legs_longest_first_by_measured_duration_then_estimate(tmp_path, monkeypatch):
-    """The last leg to start must not be a long one that then runs alone: legs start by their measured durations
-    (a leg never measured: its lane's estimate), ties in plan order."""
-    monkeypatch.setenv("DRILLS_CACHE", str(tmp_path / "cache"))
+def _start_order(tmp_path, plan, jobs, durations) -> list[str]:
+    """The order a run starts its legs in: the run's own loop, each leg done as soon as it starts (no cluster)."""
+    said = []
+    run = runner.Run(plan, tmp_path / "run", jobs, log=said.append, durations=durations)
+    run._ready = lambda leg: True
+
+    def run_leg(leg, res):
+        run._leg_done(leg)
+        run.changed.set()
+    run._run_leg = run_leg
+    run._legs()
+    return [line.split()[1].rstrip(":") for line in said if line.endswith(": start")]
+
+
+def test_a_run_starts_its_legs_longest_first_with_at_most_jobs_clusters_up(tmp_path, monkeypatch):
+    """A long leg started last runs alone at the end: legs start by the plan's durations (a leg never measured:
+    its lane's estimate), ties in plan order; and no more clusters are up at once than legs run at once."""
+    monkeypatch.setenv("DRILLS_CACHE", str(tmp_path / "cache"))          # no machine's durations
     plan = legs.plan(["v1.8.2", "v1.10.2"], ["a", "b", "escape"])
-    run = runner.Run(plan, tmp_path / "run", 2)
-    estimates = [legs.estimate(x, {}) for x in run.start_order]
-    assert estimates == sorted(estimates, reverse=True) and sorted(run.start_order, key=plan.index) == plan
-    assert [x.id for x in run.start_order][:2] == ["v1.8.2/escape/stage", "v1.10.2/escape/stage"]   # plan order
-    legs.record_duration(legs.Leg("v1.10.2", "b"), 9000.0)          # measured: longer than any estimate
-    legs.record_duration(legs.Leg("v1.8.2", "escape"), 1.0)
-    order = [x.id for x in runner.Run(plan, tmp_path / "run", 2).start_order]
-    assert order[0] == "v1.10.2/b/stage" and order[-1] == "v1.8.2/escape/stage", order
+    est = {x.id: legs.estimate(x, {}) for x in plan}
+    assert est["v1.8.2/escape/stage"] > est["v1.8.2/a/stage"] > est["v1.8.2/b/stage"]
+    # two at a time: both clusters may be up, so the longest legs first, whatever their version
+    measured = {"v1.10.2/b/stage": 9000.0, "v1.8.2/escape/stage": 1.0}
+    assert _start_order(tmp_path, plan, 2, measured) == [
+        "v1.10.2/b/stage", "v1.10.2/escape/stage", "v1.8.2/a/stage", "v1.10.2/a/stage", "v1.8.2/b/stage",
+        "v1.8.2/escape/stage"]
+    # one at a time: one cluster up, its legs the longest first, then the next cluster's
+    assert _start_order(tmp_path, plan, 1, {}) == [
+        "v1.8.2/escape/stage", "v1.8.2/a/stage", "v1.8.2/b/stage", "v1.10.2/escape/stage", "v1.10.2/a/stage",
+        "v1.10.2/b/stage"]
+    # without durations given, the run reads the cache's (what every run records)
+    legs.record_duration(legs.Leg("v1.10.2", "b"), 9000.0)
+    assert runner.Run(plan, tmp_path / "run", 2).start_order[0] == legs.Leg("v1.10.2", "b")
 
 
 def _shard_folder(root, name, digest, leg_ids, rows):

@@ -222,7 +222,7 @@ def cmd_run(args) -> int:
             "all_legs": [x.id for x in plan], **provenance.stamp(config.KUBERNETES_VERSION)}
     code, run_dir, rows = runner.run(chosen, jobs=args.jobs, env=env, binaries=[binary] if binary else [],
                                      keep_cluster=args.keep_cluster,
-                                     meta=meta, log=_progress)
+                                     meta=meta, log=_progress, durations=durations)
     for line in runner.verdict(run_dir)[1]:              # what the run lacks first: a leg killed, evidence missing
         print(f"INCOMPLETE: {line}")
     print(console.run_summary(rows, run_dir))           # the answer, then every row

@@ -28,7 +28,7 @@ ABORT_SETTLE_S = 1.0         # between the abort and reading the weight in force
 
 class LaneA(Runbook):
     key = "a"
-    estimate_s = 140.0
+    estimate_s = 150.0
     title = "live rollback: BEFORE 100 on a partial ReplicaSet, cut the final setWeight, AFTER 5, exit"
     variants = ("stage", "prod")
     routers = ("istio", "nginx")       # the backward search is the controller's, whatever routes the traffic

@@ -29,7 +29,7 @@ from .base import Runbook, step
 
 class LaneAbort(Runbook):
     key = "abort"
-    estimate_s = 240.0
+    estimate_s = 245.0
     title = "the rollback that aborts itself: whole-service query, per-revision query, rollbackWindow"
     extras = ("prometheus",)
 

@@ -29,7 +29,7 @@ def _utc(wall: float | None) -> str:
 
 class LaneAlert(Runbook):
     key = "alert"
-    estimate_s = 110.0
+    estimate_s = 95.0
     title = "the stuck-at-the-remaining-rung alert: fires when a rollback is held, quiet otherwise, on real metrics"
     extras = ("prometheus", "kube-state-metrics")
 

@@ -142,7 +142,7 @@ def _changes(values: list) -> list:
 
 class LaneEscape(Runbook):
     key = "escape"
-    estimate_s = 300.0
+    estimate_s = 305.0
     title = "the four escapes from an aborted Rollout: retry, promote, promote --full, undo"
     extras = ("prometheus",)
 

@@ -92,7 +92,7 @@ def weights_while_short_at(d: timeline.Derived, target: int) -> tuple[list, floa
 
 class LaneOrder(Runbook):
     key = "order"
-    estimate_s = 340.0
+    estimate_s = 200.0
     title = "branch order: the backward search before mid-steps and end-of-steps, per version's source"
 
     def __init__(self, ctx: LaneContext):

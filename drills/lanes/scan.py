@@ -38,7 +38,7 @@ EXAMPLES = 20                    # Rollouts named per wave row (a fleet has thou
 
 class LaneScan(Runbook):
     key = "scan"
-    estimate_s = 310.0
+    estimate_s = 200.0
     title = "the scan's predicted rollback exposure (drills scan) judged by the real controller"
 
     def __init__(self, ctx):

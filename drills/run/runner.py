@@ -156,6 +156,7 @@ class Run(Stopping):
     binaries: dict[str, Binary] = field(default_factory=dict)    # leg label -> the user-built controller
     keep_cluster: bool = False
     log: Callable[[str], None] = lambda m: say(m)
+    durations: dict[str, float] | None = None    # leg id -> seconds the plan used (None: the cache's)
 
     def __post_init__(self):
         self.run_id = self.run_dir.name
@@ -173,11 +174,13 @@ class Run(Stopping):
         self.threads: list[threading.Thread] = []
         self.remains: list[str] = []                # what an interrupted run could not take away
         self.stopped_at = 0.0
-        # legs start longest first (measured durations, else the lane's estimate; ties in plan order): a long leg
-        # started last would run alone at the end while the other slots stand idle
-        durations = legsmod.read_durations()
+        # legs start longest first (the plan's durations, else the lane's estimate; ties in plan order): a long leg
+        # started last runs alone at the end while the other slots stand idle.  At most `jobs` clusters are up at
+        # once (MEM_PER_LEG_GIB counts a cluster per leg): a leg whose cluster is not up waits while that many are
+        durations = legsmod.read_durations() if self.durations is None else self.durations
         self.start_order = [x for _, _, x in sorted((-legsmod.estimate(x, durations), i, x)
                                                     for i, x in enumerate(self.legs))]
+        self.opened: set[str] = set()               # clusters a leg has started on
 
     @staticmethod
     def _key(leg: Leg) -> str:
@@ -199,7 +202,7 @@ class Run(Stopping):
 
     def _build_all(self) -> None:
         order = []
-        for leg in self.legs:                   # in plan order: the first legs' components first
+        for leg in self.start_order:            # the components of the legs that start first, first
             for c in components_for(self._versions(leg), list(REGISTRY[leg.lane].extras)):
                 if c.key not in [o.key for o in order]:
                     order.append(c)
@@ -371,9 +374,10 @@ class Run(Stopping):
                     pending.remove(leg)
                     self._leg_done(leg)
                     continue
-                if not self._ready(leg):
+                if not self._ready(leg) or not self._may_open(leg):
                     continue
                 pending.remove(leg)
+                self.opened.add(self._key(leg))
                 res = self.results[leg.id] = LegResult(leg, started=time.monotonic())
                 self.log(f"leg {leg.id}: start")
                 t = threading.Thread(target=self._run_leg, args=(leg, res), name=leg.id, daemon=True)
@@ -385,6 +389,13 @@ class Run(Stopping):
             if time.monotonic() >= next_status:
                 self._status()
                 next_status = time.monotonic() + STATUS_EVERY_S
+
+    def _may_open(self, leg: Leg) -> bool:
+        """The leg's cluster is up (or coming up), or fewer than `jobs` clusters with legs left are."""
+        key = self._key(leg)
+        with self.lock:
+            up = {k for k in self.opened if self.left[k] > 0}
+        return key in up or len(up) < self.jobs
 
     def _down_all(self) -> None:
         for key in list(self.clusters):
@@ -402,7 +413,8 @@ class Run(Stopping):
 
 def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, env: dict | None = None,
         binaries: list[Binary] = (), keep_cluster: bool = False, meta: dict | None = None,
-        log: Callable[[str], None] | None = None) -> tuple[int, Path, list[dict]]:
+        log: Callable[[str], None] | None = None, durations: dict[str, float] | None = None,
+        ) -> tuple[int, Path, list[dict]]:
     log = log or say
     keys = {Run._key(x) for x in plan}
     for key in keys:          # every cluster the run will use has a plain name, before anything is made
@@ -413,7 +425,7 @@ def run(plan: list[Leg], jobs: int | None = None, run_dir: Path | None = None, e
     jobs = jobs or default_jobs(len(plan))
     t0 = time.monotonic()
     log(f"run {run_dir.name}: {len(plan)} leg(s), {jobs} at a time")
-    r = Run(plan, run_dir, jobs, env or {}, {b.label: b for b in binaries}, keep_cluster, log)
+    r = Run(plan, run_dir, jobs, env or {}, {b.label: b for b in binaries}, keep_cluster, log, durations)
     with SignalGuard() as guard:
         results = r.execute(guard)
         wall = time.monotonic() - t0

@@ -309,7 +309,7 @@ def upgrade_check(args, log: Callable[[str], None]) -> tuple[int, Path, list[upg
             raise BadInput("--lanes swap: a user-built candidate is not swapped in (lane swap runs on a pair of "
                            "releases); give --to V, or other lanes")
         log("lane swap: a user-built candidate is not swapped in (lane swap runs on a pair of releases)")
-    plan = swap_legs(sides, keys, args.variant) + interleave(base, cand)      # the swap legs first: the longest
+    plan = swap_legs(sides, keys, args.variant) + interleave(base, cand)      # (the run starts the longest first)
     env = {"DRILLS_AVAILABILITY_CONTROL": "on", "DRILLS_ROLLBACK_VIA": "gitops"}
     meta = {"upgrade": {"baseline": sides.baseline, "candidate": sides.candidate}, "all_legs": [x.id for x in plan],
             **provenance.stamp(config.KUBERNETES_VERSION)}
