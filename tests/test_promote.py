@@ -13,6 +13,7 @@ import signal
 
 import pytest
 
+from drills.core import config
 from drills.drill.shapes import RolloutSpec, install
 from drills.kube.rollout import RESYNC_ANNOTATION, Predicate, WaitTimeout, healthy, paused
 
@@ -72,8 +73,16 @@ def test_a_second_promote_that_would_pass_another_pause_is_not_sent(kube, namesp
     finally:
         os.kill(pid, signal.SIGCONT)
     assert _promote_bodies(ro) == [{"pauseConditions": None}]
-    # the controller, back, takes the one promote sent: it stops at the next pause, not past it
-    ro.wait("two", _paused_at(2), 60)
+    # the controller, back, takes the one promote sent: it stops at the next pause, not past it.  One before
+    # v1.10.0 may lose it instead, as above (its informer cache holds the copy from before the promote): then it
+    # stays paused at step 1, and nothing is sent again.  Never past step 2 either way.
+    try:
+        ro.wait("two", _paused_at(2), 60)
+    except WaitTimeout as e:
+        lost = e.last is not None and _paused_at(1)(e.last)
+        if not (lost and config.version_key(cluster.controller_version()) < config.version_key("v1.10.0")):
+            raise
+    assert _promote_bodies(ro) == [{"pauseConditions": None}]
 
 
 def test_a_spec_generation_left_unobserved_is_announced_again_once(kube, namespace, cluster):
