@@ -320,7 +320,9 @@ class Run(Stopping):
             res.rc = 1
         finally:
             res.ended = time.monotonic()
-            if res.state == DONE and (res.rc == 0 or res.error is None):
+            # a leg's time is kept only when its pytest ran to its end (exit 0: passed, 1: tests failed): a leg
+            # killed, interrupted or refused ends early, and its short time would start it last in the next run
+            if res.state == DONE and res.rc in (0, 1) and res.error is None and not self.stopping.is_set():
                 legsmod.record_duration(leg, res.seconds)
             self._leg_done(leg, failed=res.rc != 0 and res.state == DONE)
             self._say_done(res)

@@ -26,6 +26,7 @@ from drills.core import config
 from drills.cluster import EmbeddedCluster, remains
 from drills.toolchain import Toolchain, components_for
 from drills.record.ledger import INCONCLUSIVE, read_rows
+from drills.run import legs as run_legs
 from drills.core.wait import until
 
 pytestmark = pytest.mark.single_version
@@ -173,6 +174,8 @@ def test_a_legs_pytest_killed_mid_run_makes_that_leg_inconclusive(tmp_path):
         assert "Traceback" not in drill.console, drill.tail()
         meta = json.loads((run_dir / "run.json").read_text())
         assert meta["interrupted"] is False and [x["rc"] for x in meta["legs"]] == [-signal.SIGKILL], meta
+        # its short time is not kept as the leg's duration (the next run would start that leg last)
+        assert run_legs.read_durations().get(meta["legs"][0]["id"]) != meta["legs"][0]["seconds"], meta
         rows = read_rows(run_dir / "ledger.json")
         ended = [r for r in rows if r["step"] == "run"]
         assert len(ended) == 1 and ended[0]["verdict"] == INCONCLUSIVE and "SIGKILL" in ended[0]["reason"], rows
