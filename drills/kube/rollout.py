@@ -45,6 +45,7 @@ api_retry = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(
 OBSERVE_WITHIN = 20.0         # seconds a controller gets to observe a new spec generation before it is announced again
 RESYNC_ANNOTATION = "drills.dev/resync"
 PROMOTE_ACT_WITHIN = 20.0     # seconds a controller gets to take a plain promote before it is sent again
+PROMOTE_ANNOUNCE_AT_MOST = 3  # times a promote stored but not acted on is announced again (each after act_within)
 
 
 class Rollouts:
@@ -295,6 +296,7 @@ class Rollouts:
         if on_send:
             on_send("promote", res)
         deadline = time.monotonic() + timeout
+        announced = 0
         while True:
             try:
                 self.wait(name, taken, max(1.0, min(act_within, deadline - time.monotonic())), progress=progress)
@@ -304,8 +306,22 @@ class Rollouts:
                     raise
             cur = self.get(name)
             st = cur.get("status") or {}
-            if taken(cur) or st.get("currentStepIndex") != index:
-                continue        # taken meanwhile, or already moved on by a re-sent promote: wait for it
+            if taken(cur):
+                continue        # taken meanwhile: wait for it
+            if st.get("currentStepIndex") != index:
+                # moved on by the promote sent again, and the controller silent for act_within since: the answer of
+                # a status patch it had in flight, written back into its cache with the copy from before the
+                # promotes, carries the newest resourceVersion, so the watch event of that version enqueues
+                # nothing (v1.8.2: "persisted to informer", then "stepIndex: 1/2" and no patch until a resync).
+                # Announced again (resync annotation set and removed), said, a bounded number of times.
+                if announced < PROMOTE_ANNOUNCE_AT_MOST:
+                    announced += 1
+                    self.log(f"the controller has not acted on the promote of the pause at step {index} after "
+                             f"{act_within:.0f}s (stored: {summarize_rollout(cur)}, controllerPause="
+                             f"{st.get('controllerPause')}); announcing it again (resync annotation set and removed: "
+                             f"upstream #4073, a stale write-back into its cache)")
+                    self.resync(name, cur["metadata"].get("generation"))
+                continue
             steps = ((cur["spec"].get("strategy") or {}).get("canary") or {}).get("steps") or []
             if not st.get("pauseConditions") and index is not None and index + 1 < len(steps) \
                     and "pause" in steps[index + 1]:
