@@ -20,7 +20,7 @@ from drills.record import timeline
 from drills.core.errors import Refused
 from drills.run.live import check_shape
 from drills.core.podtemplate import container_images
-from drills.kube.rollout import Rollouts, healthy_at
+from drills.kube.rollout import GROUP, PLURAL, RESYNC_ANNOTATION, VERSION, Rollouts, healthy_at
 
 pytestmark = pytest.mark.single_version
 
@@ -228,12 +228,16 @@ def test_sigkill_leaves_the_lease_and_restore_finishes_it_unless_someone_else_ch
     now = rl.get("svc")
     assert now["metadata"]["generation"] == moved["metadata"]["generation"]
     assert container_images(now["spec"]["template"])["app"] == "registry.local/svc:v3"
-    # that change undone (the Rollout back where the drill left it): restore finishes and releases the lease
+    # that change undone (the Rollout back where the drill left it): restore finishes and releases the lease, and
+    # removes a resync annotation the killed drill left between setting and removing it
     rl.set_image("svc", d.spec.image_v1, container="app")
+    rl.co.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "svc",
+                                         {"metadata": {"annotations": {RESYNC_ANNOTATION: "7"}}})
     r = drills_cmd("restore", "--journal", journal, "--allow-context", live_cmd.context, timeout=400)
     assert r.returncode == 0, r.stderr
     ro = rl.get("svc")
     assert _spec(ro) == original and healthy_at(d.hash_v2)(ro) and _lease(ro) is None
+    assert RESYNC_ANNOTATION not in (ro["metadata"].get("annotations") or {}), ro["metadata"]
     assert safety.Journal.load(Path(journal)).state == "restored"
 
 

@@ -44,7 +44,7 @@ from ..core.journal_file import (
 from ..core.names import is_plain_name
 from ..core.podtemplate import app_container_name
 from ..core.procs import identity
-from ..kube.rollout import GROUP, PLURAL, VERSION, Rollouts, healthy, healthy_at
+from ..kube.rollout import GROUP, PLURAL, RESYNC_ANNOTATION, VERSION, Rollouts, healthy, healthy_at
 from ..core.signals import Interrupted, SignalGuard
 
 LEASE_ANNOTATION = "drills.dev/lease"
@@ -428,10 +428,11 @@ class Journal:
 
     def _release_lease(self, co, ns: str, name: str, log) -> None:
         ro = co.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-        value = ((ro["metadata"].get("annotations") or {}).get(LEASE_ANNOTATION))
-        if value and parse_lease(value).get("run") == self.data.get("run_id"):
-            co.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
-                                              {"metadata": {"annotations": {LEASE_ANNOTATION: None}}})
+        annotations = ro["metadata"].get("annotations") or {}
+        if (value := annotations.get(LEASE_ANNOTATION)) and parse_lease(value).get("run") == self.data.get("run_id"):
+            # with the drill's resync annotation, should a signal or a lost answer have left it there
+            drop = {LEASE_ANNOTATION: None, **({RESYNC_ANNOTATION: None} if RESYNC_ANNOTATION in annotations else {})}
+            co.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, {"metadata": {"annotations": drop}})
             log(f"restore: {ns}/{name} lease released")
 
 

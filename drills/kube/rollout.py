@@ -29,6 +29,7 @@ from ..core import config
 from .api import conflict_retry
 from .api import transient as _transient
 from ..core.podtemplate import RolloutShapeError, selector_string
+from ..core.signals import held
 from ..core.wait import WaitTimeout
 from .watching import ListWatch
 from .rollout_states import (  # noqa: F401 (the predicates are this module's API too)
@@ -45,7 +46,8 @@ api_retry = retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(
 OBSERVE_WITHIN = 20.0         # seconds a controller gets to observe a new spec generation before it is announced again
 RESYNC_ANNOTATION = "drills.dev/resync"
 PROMOTE_ACT_WITHIN = 20.0     # seconds a controller gets to take a plain promote before it is sent again
-PROMOTE_ANNOUNCE_AT_MOST = 3  # times a promote stored but not acted on is announced again (each after act_within)
+PROMOTE_ANNOUNCE_AT_MOST = 3  # times a promote stored but not acted on is announced again, each after act_within
+#                               (the timeout comes first for most callers: 60 s at 20 s each leaves room for one)
 
 
 class Rollouts:
@@ -282,7 +284,13 @@ class Rollouts:
     # v1.10.0 replaced the write-back with a resourceVersion tracker, #4786).  So a drill checks that the
     # controller took the promote and, when it did not, promotes again as the plugin would from the state
     # now stored -- computed from a fresh read, under its resourceVersion, and only while that state is
-    # still the untaken pause, so a promote never advances twice.
+    # still the untaken pause, so a promote never advances twice.  A promote stored but still not acted on
+    # (the one sent again, or a first one a second promote must not follow: the next step is another pause) is
+    # announced again (``resync``: two watch events carrying the stored object), said each time, at most
+    # PROMOTE_ANNOUNCE_AT_MOST times within the timeout.  Seen on v1.8.2 resumed with a reconcile in flight: the
+    # watch events of both promotes re-queued the Rollout while that reconcile ran, its write-back then put the
+    # copy from before them in the cache ("persisted to informer"), and the reconcile they queued read that copy
+    # ("stepIndex: 1/2", no patch); nothing else re-queued it.
     def promote_and_wait(self, name: str, timeout: float = 60, act_within: float = PROMOTE_ACT_WITHIN,
                          on_send: Callable[[str, dict | None], None] | None = None,
                          progress: Callable[[str], None] | None = None) -> dict | None:
@@ -301,33 +309,36 @@ class Rollouts:
             try:
                 self.wait(name, taken, max(1.0, min(act_within, deadline - time.monotonic())), progress=progress)
                 return res
-            except WaitTimeout:
+            except WaitTimeout as e:
                 if time.monotonic() >= deadline:
-                    raise
+                    if not announced:
+                        raise
+                    raise WaitTimeout(f"{e}; the promote stored was announced again {announced} time(s)",
+                                      e.last) from None
             cur = self.get(name)
             st = cur.get("status") or {}
             if taken(cur):
                 continue        # taken meanwhile: wait for it
-            if st.get("currentStepIndex") != index:
-                # moved on by the promote sent again, and the controller silent for act_within since: the answer of
-                # a status patch it had in flight, written back into its cache with the copy from before the
-                # promotes, carries the newest resourceVersion, so the watch event of that version enqueues
-                # nothing (v1.8.2: "persisted to informer", then "stepIndex: 1/2" and no patch until a resync).
-                # Announced again (resync annotation set and removed), said, a bounded number of times.
-                if announced < PROMOTE_ANNOUNCE_AT_MOST:
-                    announced += 1
-                    self.log(f"the controller has not acted on the promote of the pause at step {index} after "
-                             f"{act_within:.0f}s (stored: {summarize_rollout(cur)}, controllerPause="
-                             f"{st.get('controllerPause')}); announcing it again (resync annotation set and removed: "
-                             f"upstream #4073, a stale write-back into its cache)")
-                    self.resync(name, cur["metadata"].get("generation"))
-                continue
             steps = ((cur["spec"].get("strategy") or {}).get("canary") or {}).get("steps") or []
-            if not st.get("pauseConditions") and index is not None and index + 1 < len(steps) \
-                    and "pause" in steps[index + 1]:
+            moved = st.get("currentStepIndex") != index          # by the promote sent again
+            before_pause = not moved and not st.get("pauseConditions") and index is not None \
+                and index + 1 < len(steps) and "pause" in steps[index + 1]
+            if (moved or before_pause) and announced < PROMOTE_ANNOUNCE_AT_MOST:
+                announced += 1
+                self.log(f"the controller has not acted on the promote of the pause at step {index} within "
+                         f"{act_within:.0f}s (stored: {summarize_rollout(cur)}, controllerPause="
+                         f"{st.get('controllerPause')}); announcing it again ({announced} of at most "
+                         f"{PROMOTE_ANNOUNCE_AT_MOST}: resync annotation set and removed; upstream #4694, a stale "
+                         f"write-back into its cache)")
+                self.resync(name, cur["metadata"].get("generation"))
+                continue
+            if moved:
+                continue        # announced as often as it is: wait for it until the timeout
+            if before_pause:
                 raise WaitTimeout(f"the controller did not take the promote of the pause at step {index} within "
-                                  f"{act_within:.0f}s ({summarize_rollout(cur)}); a second promote would also pass "
-                                  f"the pause at step {index + 1}, so none was sent")
+                                  f"{act_within:.0f}s ({summarize_rollout(cur)}), announced again {announced} "
+                                  f"time(s); a second promote would also pass the pause at step {index + 1}, so "
+                                  f"none was sent", cur)
             self.log(f"the controller did not take the promote of the pause at step {index} within "
                      f"{act_within:.0f}s (stored: {summarize_rollout(cur)}, pauseConditions="
                      f"{st.get('pauseConditions')}, controllerPause={st.get('controllerPause')}); "
@@ -344,13 +355,16 @@ class Rollouts:
     # announced again by an annotation set and removed (two watch events carrying the stored spec): said,
     # and at most once per generation.  A controller with the fix never waits that long.
     def resync(self, name: str, generation) -> None:
-        """Make the controller's cache see the stored Rollout again: a resync annotation set, then removed."""
-        for value in (str(generation), None):
-            body = {"metadata": {"annotations": {RESYNC_ANNOTATION: value}}}
-            self.requests.append({"action": "resync", "rollout": name, "body": body})
-            if self.dry_run:
-                return
-            api_retry(lambda: self.co.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, body))()
+        """Make the controller's cache see the stored Rollout again: a resync annotation set, then removed (a signal
+        waits for the pair; one left behind all the same is removed with the drill's lease on restore)."""
+        with held():
+            for value in (str(generation), None):
+                body = {"metadata": {"annotations": {RESYNC_ANNOTATION: value}}}
+                self.requests.append({"action": "resync", "rollout": name, "body": body})
+                if self.dry_run:
+                    return
+                api_retry(lambda: self.co.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name,
+                                                                         body))()
 
     def wait(self, name: str, pred: Predicate, timeout: float = 120, progress: Callable[[str], None] | None = None,
              observe_within: float | None = OBSERVE_WITHIN) -> dict:

@@ -36,7 +36,7 @@ from ..traffic.phases import PhasedLoad
 from ..core.podtemplate import (
     RolloutShapeError, app_container_name, container_images, reverted_template, selector_string, template_differences
 )
-from ..kube.rollout import HASH_LABEL, Rollouts, healthy
+from ..kube.rollout import HASH_LABEL, RESYNC_ANNOTATION, Rollouts, healthy
 from ..drill.safety import (
     LEASE_ANNOTATION, Interrupted, Journal, SignalGuard, check_context, check_namespace, describe_lease, lease_value,
     restore_with_guard, take_lease
@@ -351,6 +351,8 @@ def run_live(args, log=None) -> int:
             "AFTER: roll back again and observe",
             f"EXIT: redeploy container {app} at {image_v2}, roll back once more, abort while the revived "
             f"ReplicaSet is partly available, then promote --full",
+            f"only should the controller leave a change unobserved or a promote not acted on (upstream #4694): "
+            f"annotate {RESYNC_ANNOTATION} and remove it again, a few times at most (restore removes one left)",
             f"restore: the pod template and steps [{steps_text(steps)}] exactly as they are now"]
     if args.dry_run:
         for p in plan:
