@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from drills.kube.k8s import client
 from drills.record import recorder, timeline
+from drills.routers import istio
 from drills.kube.rollout import Predicate, healthy, paused
 from drills.drill.shapes import RolloutSpec, install
 
@@ -43,6 +45,27 @@ def test_recorder_keeps_a_sub_second_weight_across_a_dropped_watch(kube, cluster
     assert result["audit_writes_checked"] and result["audit_writes_checked"] >= 2
     assert result["complete"], result["reasons"]
     assert len(rec.records) > seen_before
+
+
+@pytest.mark.single_version
+def test_route_writes_superseded_before_the_first_list_are_no_gap(kube, cluster, namespace, tmp_path):
+    """A recorder that lists late (a loaded machine): route writes after it began but before its first list are
+    in the list's state or superseded by it; no watch could see them, and the recording is still whole."""
+    ro = _deploy(kube, namespace, RolloutSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=2, name="late"))
+    ro.wait("late", healthy(), 60)
+    audit_log = cluster.status()["audit_log"]
+    rec = recorder.Recorder(kube, namespace, "late", tmp_path / "late.timeline.jsonl", audit_log=audit_log)
+    co = client.CustomObjectsApi(kube)
+    for n in ("1", "2"):
+        co.patch_namespaced_custom_object(istio.GROUP, istio.VERSION, namespace, "virtualservices", "late",
+                                          {"metadata": {"annotations": {"drills.dev/test-write": n}}})
+    rec.start()
+    result = rec.stop()
+    written = recorder.audit_route_writes(audit_log, namespace, since_wall=rec.started_wall)
+    assert len(written) >= 2, written          # both writes on the apiserver's record, after the recorder began
+    assert result["complete"], result["reasons"]
+    listed = [r["rv"] for r in rec.records if r["kind"] == "VirtualService"]
+    assert listed == [written[-1]["rv"]], (listed, written)
 
 
 def test_derive_orders_by_resource_version_not_arrival():
