@@ -64,6 +64,7 @@ def test_route_writes_superseded_before_the_first_list_are_no_gap(kube, cluster,
     written = recorder.audit_route_writes(audit_log, namespace, since_wall=rec.started_wall)
     assert len(written) >= 2, written          # both writes on the apiserver's record, after the recorder began
     assert result["complete"], result["reasons"]
+    assert any("before its first list" in n for n in result["notes"]), result["notes"]
     listed = [r["rv"] for r in rec.records if r["kind"] == "VirtualService"]
     assert listed == [written[-1]["rv"]], (listed, written)
 

@@ -296,8 +296,11 @@ class Recorder:
             writes = audit_route_writes(self.audit_log, self.ns, since_wall=self.started_wall, router=self.router)
             # a write after the recorder started but at or below its first list's resourceVersion was superseded
             # before any watch could see it (the list holds what came after): not a gap (a loaded machine lists late)
-            floor = self.route_listed_rv
+            floor, before = self.route_listed_rv, len(writes)
             writes = [w for w in writes if floor is None or not str(w["rv"]).isdigit() or int(w["rv"]) > floor]
+            if len(writes) < before:
+                self.notes.append(f"{before - len(writes)} {self.router.route_kind} write(s) after the recorder began "
+                                  f"and before its first list (resourceVersion {floor}) are in that list's state")
             missing = missing_route_versions(self.records, writes, self.router)
             self.audit_checked = len(writes)
             blind = sum(1 for w in writes if not w["rv"])
