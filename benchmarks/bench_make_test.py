@@ -83,12 +83,26 @@ def _timeline(path: Path, t0: float, toolchain_done: float | None) -> None:
               + (f" ({after:.0f} s of them after the toolchain was built)" if toolchain_done else ""))
         files: dict[str, list] = {}
         for r in rs:
-            f = files.setdefault(r["test"].split("::", 1)[0], [r["start"], r["end"], 0.0])
+            f = files.setdefault(r["test"].split("::", 1)[0], [r["start"], r["end"], 0.0, None])
             f[1] = max(f[1], r["end"])
             f[2] += r["end"] - r["start"]
-        for name, (a, b, s) in sorted(files.items(), key=lambda x: x[1][0]):
+            if r.get("cpu") is not None:
+                f[3] = (f[3] or 0.0) + r["cpu"]
+        for name, (a, b, s, cpu) in sorted(files.items(), key=lambda x: x[1][0]):
             if s >= 60:
-                print(f"      {(a - t0) / 60:5.1f} -> {(b - t0) / 60:5.1f}  {s:6.0f} s  {name}")
+                print(f"      {(a - t0) / 60:5.1f} -> {(b - t0) / 60:5.1f}  {s:6.0f} s"
+                      + (f" {cpu:6.0f} CPU-s" if cpu is not None else "") + f"  {name}")
+    cpu_rows = [r for r in rows if r.get("cpu") is not None]
+    if cpu_rows:
+        by_file: dict[str, float] = defaultdict(float)
+        for r in cpu_rows:
+            by_file[r["test"].split("::", 1)[0]] += r["cpu"]
+        total = sum(by_file.values())
+        print(f"  CPU of the tests (each worker's cgroup over its tests: {total:.0f} CPU-s), files first:")
+        for name, cpu in sorted(by_file.items(), key=lambda x: -x[1])[:15]:
+            print(f"    {cpu:7.0f} CPU-s  {name}")
+        for r in sorted(cpu_rows, key=lambda r: -r["cpu"])[:15]:
+            print(f"    {r['cpu']:7.0f} CPU-s  {r['end'] - r['start']:6.0f} s  {r['test']}")
 
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -112,6 +126,8 @@ def run(label: str, env: dict, cache: Path, workdir: Path) -> None:
     timeline.unlink(missing_ok=True)
     env = dict(env, DRILLS_TEST_TIMELINE=str(timeline))
     group = _cpu_group(f"bench-make-test-{os.getpid()}")
+    if group:
+        env["DRILLS_TEST_CPU_GROUP"] = str(group)       # each worker's group in it: every test's CPU in the timeline
     t0 = time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(["make", "test", f"PYTEST_ARGS=--junitxml={junit}"], cwd=ROOT, env=env, stdout=out,
@@ -122,6 +138,9 @@ def run(label: str, env: dict, cache: Path, workdir: Path) -> None:
     cpu = int((group / "cpuacct.usage").read_text()) / 1e9 if group else None
     if group:
         try:
+            for worker in group.iterdir():
+                if worker.is_dir():
+                    worker.rmdir()
             group.rmdir()                  # empty once every process of the run has exited
         except OSError:
             print(f"  (cgroup {group} still holds processes of the run: left)")

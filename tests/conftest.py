@@ -365,16 +365,48 @@ def needs_helm(item) -> bool:
     return any(mark in _file_text(item) for mark in HELM_MARKS)
 
 
+_CPU_GROUP: list = []
+
+
+def _cpu_group() -> Path | None:
+    """With DRILLS_TEST_CPU_GROUP set (a cgroup-v1 cpuacct folder the benchmark made): this worker's own group in it,
+    joined on first use, so that each test's CPU (its commands, clusters and daemons included: they are forked from
+    the worker and stay in its group) is the group's usage over the test; None without it or where it can't be made."""
+    if not _CPU_GROUP:
+        group = None
+        parent = os.environ.get("DRILLS_TEST_CPU_GROUP")
+        if parent and os.environ.get("DRILLS_TEST_TIMELINE"):
+            try:
+                group = Path(parent) / os.environ.get("PYTEST_XDIST_WORKER", "main")
+                group.mkdir(exist_ok=True)
+                (group / "cgroup.procs").write_text(str(os.getpid()))
+            except OSError:
+                group = None
+        _CPU_GROUP.append(group)
+    return _CPU_GROUP[0]
+
+
+def _cpu_usage(group: Path | None) -> float | None:
+    try:
+        return int((group / "cpuacct.usage").read_text()) / 1e9 if group else None
+    except (OSError, ValueError):
+        return None
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """With DRILLS_TEST_TIMELINE set (benchmarks/bench_make_test.py sets it): one JSON line per test, its worker and
     its wall start and end, so a benchmark can say what each worker did when."""
-    start = time.time()
+    group = _cpu_group()
+    start, cpu = time.time(), _cpu_usage(group)
     yield
     path = os.environ.get("DRILLS_TEST_TIMELINE")
     if path:
-        line = json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-                           "start": round(start, 3), "end": round(time.time(), 3)})
+        row = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+               "start": round(start, 3), "end": round(time.time(), 3)}
+        if cpu is not None:
+            row["cpu"] = round(_cpu_usage(group) - cpu, 2)
+        line = json.dumps(row)
         with open(path, "a") as f:          # one short line per append: the workers' lines never interleave
             f.write(line + "\n")
 
