@@ -5,7 +5,7 @@ BEFORE: roll back (the application container's image reverted in the spec), obse
 the partial ReplicaSet -> cut the final setWeight 100 -> redeploy the current image (only the application
 container changes; the ReplicaSet then running must be that template) -> AFTER: roll back again, observe ->
 EXIT: redeploy, roll back once more, send the abort while the revived ReplicaSet is partly available (acted on
-from the watch of its available count), then promote --full: the weight never rises above its value at that
+from the watch of its available count) and the weight in force is the controller's answer to the rollback, then promote --full: the weight never rises above its value at that
 moment until the ReplicaSet is fully available, and the Rollout ends Healthy at the rolled-back revision.
 """
 from __future__ import annotations
@@ -136,8 +136,18 @@ class LiveLaneA(Runbook):
         rec = d.record("exit")
         d.rollback(self.template_v1)
         partial = None
-        try:      # natural timing: the abort goes out the moment the revived ReplicaSet is partly available
-            rec.wait("the revived ReplicaSet partly available", _partly_available, d.settle_timeout(), interval=0.02)
+        # natural timing: the abort goes out the moment the revived ReplicaSet is partly available and the weight in
+        # force is the controller's answer to the rollback (a slow controller has the ReplicaSet scaled, then
+        # available, before its reconcile writes the route: the weight then is not yet the one promote --full keeps)
+        try:
+            got = rec.wait("the revived ReplicaSet partly available, the controller's answer to the rollback in "
+                           "force (or the window closed)",
+                           lambda d: (_partly_available(d) and d.answered) or _window_closed(d), d.settle_timeout(),
+                           interval=0.02)
+            if not got.answered:
+                partial = ("the controller had not answered the rollback (no status of it that observed the "
+                           "rollback's generation with the revived ReplicaSet) before the revived ReplicaSet was "
+                           "fully available: the weight in force was not its answer")
         except WaitTimeout as e:
             partial = f"the revived ReplicaSet was never seen partly available: {e}"
         res = d.ro.abort(d.name)
@@ -170,6 +180,12 @@ class LiveLaneA(Runbook):
 
 def _partly_available(d: timeline.Derived) -> bool:
     return bool(d.canary_available) and 0 < d.canary_available[-1][1] < d.canary_available[-1][2]
+
+
+def _window_closed(d: timeline.Derived) -> bool:
+    """The revived ReplicaSet fully available since the rollback: too late for the exit's posture."""
+    return (bool(d.canary_available) and 0 < d.canary_available[-1][2] <= d.canary_available[-1][1]
+            and d.canary_available[-1][0] >= d.t0)
 
 
 __all__ = ["LiveLaneA"]

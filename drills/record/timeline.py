@@ -82,6 +82,10 @@ class Derived:
     partial_window_observed: bool = False
     exposure_seconds: float = 0.0
     rollback_in_window: bool = False
+    # since ``since_mark``: a status of the controller's that observed the Rollout's own generation with the
+    # canary ReplicaSet as its current one (it reconciled the change to the end; its route writes come before
+    # its status in a reconcile, so the weight in force from then on is its answer to the change)
+    answered: bool = False
     window_evidence: list = field(default_factory=list)
     t0: float = 0.0
     t0_wall: float = 0.0
@@ -151,6 +155,9 @@ def derive(records: list[dict], canary_hash: str | None, since_mark: str | None 
             ro = obj
             st = obj["status"]
             d.rollout.append([t, st["currentStepIndex"], st["phase"], st["abort"], st["promoteFull"], st["stableRS"]])
+            if (active and not stopped and str(st.get("observedGeneration")) == str(obj.get("generation"))
+                    and (canary_hash is None or st.get("currentPodHash") == canary_hash)):
+                d.answered = True
         elif kind == "ReplicaSet" and obj.get("hash"):
             if r["type"] == "DELETED":
                 rs.pop(obj["hash"], None)
