@@ -5,8 +5,9 @@ BEFORE: roll back (the application container's image reverted in the spec), obse
 the partial ReplicaSet -> cut the final setWeight 100 -> redeploy the current image (only the application
 container changes; the ReplicaSet then running must be that template) -> AFTER: roll back again, observe ->
 EXIT: redeploy, roll back once more, send the abort while the revived ReplicaSet is partly available (acted on
-from the watch of its available count) and the weight in force is the controller's answer to the rollback, then promote --full: the weight never rises above its value at that
-moment until the ReplicaSet is fully available, and the Rollout ends Healthy at the rolled-back revision.
+from the watch of its available count) and the weight in force is the controller's answer to the rollback, then
+promote --full: the weight never rises above its value at that moment until the ReplicaSet is fully available, and
+the Rollout ends Healthy at the rolled-back revision.
 """
 from __future__ import annotations
 
