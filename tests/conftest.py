@@ -375,7 +375,9 @@ def _cpu_group() -> Path | None:
     if not _CPU_GROUP:
         group = None
         parent = os.environ.get("DRILLS_TEST_CPU_GROUP")
-        if parent and os.environ.get("DRILLS_TEST_TIMELINE"):
+        # (only where cpuacct is a hierarchy of its own: a group joined with the cpu controller would give each
+        # worker an equal share of the cores, and change what is measured)
+        if parent and os.environ.get("DRILLS_TEST_TIMELINE") and not (Path(parent) / "cpu.shares").exists():
             try:
                 group = Path(parent) / os.environ.get("PYTEST_XDIST_WORKER", "main")
                 group.mkdir(exist_ok=True)
@@ -404,8 +406,9 @@ def pytest_runtest_protocol(item, nextitem):
     if path:
         row = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                "start": round(start, 3), "end": round(time.time(), 3)}
-        if cpu is not None:
-            row["cpu"] = round(_cpu_usage(group) - cpu, 2)
+        after = _cpu_usage(group)
+        if cpu is not None and after is not None:
+            row["cpu"] = round(after - cpu, 2)
         line = json.dumps(row)
         with open(path, "a") as f:          # one short line per append: the workers' lines never interleave
             f.write(line + "\n")

@@ -414,9 +414,8 @@ class DrillRollout:
     def wait_partial_weight(self, timeout: float | None = None) -> int:
         """Until the controller wrote a non-zero canary weight while the revived ReplicaSet is partial."""
         d = self.recording.wait(
-            "a non-zero canary weight while the revived ReplicaSet is partial",
-            lambda d: bool(d.weights_while_partial) and d.weights_while_partial[-1][1] > 0 and bool(d.partial)
-            and d.partial[-1][1] is None, timeout or self.settle_timeout())
+            "a non-zero canary weight while the revived ReplicaSet is partial", timeline.weight_on_partial,
+            timeout or self.settle_timeout())
         return d.weights_while_partial[-1][1]
 
     def wait_settled(self, timeout: float | None = None):

@@ -5,7 +5,7 @@ BEFORE: roll back (the application container's image reverted in the spec), obse
 the partial ReplicaSet -> cut the final setWeight 100 -> redeploy the current image (only the application
 container changes; the ReplicaSet then running must be that template) -> AFTER: roll back again, observe ->
 EXIT: redeploy, roll back once more, send the abort while the revived ReplicaSet is partly available (acted on
-from the watch of its available count) and the weight in force is the controller's answer to the rollback, then
+from the watch of its available count) once the controller's non-zero weight is in force on it, then
 promote --full: the weight never rises above its value at that moment until the ReplicaSet is fully available, and
 the Rollout ends Healthy at the rolled-back revision.
 """
@@ -137,20 +137,19 @@ class LiveLaneA(Runbook):
         rec = d.record("exit")
         d.rollback(self.template_v1)
         partial = None
-        # natural timing: the abort goes out the moment the revived ReplicaSet is partly available and the weight in
-        # force is the controller's answer to the rollback (a slow controller has the ReplicaSet scaled, then
-        # available, before its reconcile writes the route: the weight then is not yet the one promote --full keeps)
+        # natural timing: the abort goes out the moment the controller's weight is in force on the partly available
+        # revived ReplicaSet (the incident posture; partly available alone is not it: the controller writes the
+        # weight in a reconcile after the first revived pod is available, and a slow one writes it after an abort
+        # sent then, which read as a rise after promote --full)
         try:
-            got = rec.wait("the revived ReplicaSet partly available, the controller's answer to the rollback in "
-                           "force (or the window closed)",
-                           lambda d: (_partly_available(d) and d.answered) or _window_closed(d), d.settle_timeout(),
-                           interval=0.02)
-            if not got.answered:
-                partial = ("the controller had not answered the rollback (no status of it that observed the "
-                           "rollback's generation with the revived ReplicaSet) before the revived ReplicaSet was "
-                           "fully available: the weight in force was not its answer")
+            got = rec.wait("a non-zero canary weight on the partly available revived ReplicaSet (or the window "
+                           "closed)", lambda d: timeline.weight_on_partial(d) or _window_closed(d),
+                           d.settle_timeout(), interval=0.02)
+            if not timeline.weight_on_partial(got):
+                partial = ("the revived ReplicaSet was fully available before the controller wrote a non-zero "
+                           "weight on it while it was partly available")
         except WaitTimeout as e:
-            partial = f"the revived ReplicaSet was never seen partly available: {e}"
+            partial = f"the controller wrote no weight on a partly available revived ReplicaSet: {e}"
         res = d.ro.abort(d.name)
         rec.mark("abort", res)
         now = rec.derive()

@@ -82,10 +82,6 @@ class Derived:
     partial_window_observed: bool = False
     exposure_seconds: float = 0.0
     rollback_in_window: bool = False
-    # since ``since_mark``: a status of the controller's that observed the Rollout's own generation with the
-    # canary ReplicaSet as its current one (it reconciled the change to the end; its route writes come before
-    # its status in a reconcile, so the weight in force from then on is its answer to the change)
-    answered: bool = False
     window_evidence: list = field(default_factory=list)
     t0: float = 0.0
     t0_wall: float = 0.0
@@ -105,6 +101,15 @@ class Derived:
         if extra:
             out.update(extra)
         return out
+
+
+def weight_on_partial(d: Derived) -> bool:
+    """The controller's answer to the partial window is on record: a non-zero canary weight in force while the canary
+    ReplicaSet is partial now.  (After a rollback the controller first writes its status with the revived hash and
+    scales; it keeps the weight at 0 while the revived ReplicaSet has no available pod, and writes the weight only in
+    a reconcile after the first one is available: partly available alone is not yet its answer.)"""
+    return (bool(d.weights_while_partial) and d.weights_while_partial[-1][1] > 0 and bool(d.partial)
+            and d.partial[-1][1] is None)
 
 
 def derive(records: list[dict], canary_hash: str | None, since_mark: str | None = None,
@@ -155,9 +160,6 @@ def derive(records: list[dict], canary_hash: str | None, since_mark: str | None 
             ro = obj
             st = obj["status"]
             d.rollout.append([t, st["currentStepIndex"], st["phase"], st["abort"], st["promoteFull"], st["stableRS"]])
-            if (active and not stopped and str(st.get("observedGeneration")) == str(obj.get("generation"))
-                    and (canary_hash is None or st.get("currentPodHash") == canary_hash)):
-                d.answered = True
         elif kind == "ReplicaSet" and obj.get("hash"):
             if r["type"] == "DELETED":
                 rs.pop(obj["hash"], None)
