@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 
 from drills.drill.shapes import RolloutSpec, manifests
-from drills.lanes.a_live import _partly_available, _window_closed
+from drills.lanes.a_live import _window_closed
 from drills.record import timeline
 from drills.record.recorder import _rollout
 from drills.routers import istio
@@ -60,7 +60,8 @@ def test_partly_available_is_not_the_posture_until_the_controller_wrote_its_weig
     records.append(rs(1))                # a revived pod available: the exit sent its abort here, with 0 in force
     d = timeline.derive(records, V1, since_mark="rollback")
     assert d.partial and d.partial[-1][1] is None and d.canary_weight[-1][1] == 0
-    assert _partly_available(d)               # what the exit waited for before: true here, with 0 in force
+    available, target = d.canary_available[-1][1:]
+    assert 0 < available < target             # what the exit waited for before: true here, with 0 in force
     assert not _gate(records) and not _window_closed(d)
     records += [weight(5), ro(7, 7, V1)]      # the next reconcile: the weight on the partial ReplicaSet, its status
     assert _gate(records)

@@ -178,10 +178,6 @@ class LiveLaneA(Runbook):
         self.exit()
 
 
-def _partly_available(d: timeline.Derived) -> bool:
-    return bool(d.canary_available) and 0 < d.canary_available[-1][1] < d.canary_available[-1][2]
-
-
 def _window_closed(d: timeline.Derived) -> bool:
     """The revived ReplicaSet fully available since the rollback: too late for the exit's posture."""
     return (bool(d.canary_available) and 0 < d.canary_available[-1][2] <= d.canary_available[-1][1]
