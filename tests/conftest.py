@@ -20,6 +20,7 @@ from scheduling import VersionGroupedFileScheduling
 
 from drills.core import config as settings
 from drills.drill.kit import DrillRollout
+from drills.core.names import is_plain_name
 from drills.core.procs import die_with_parent
 from drills.drill.shapes import RolloutSpec
 from drills.toolchain import Toolchain, components_for, resolve_controller_versions
@@ -377,9 +378,11 @@ def _cpu_group() -> Path | None:
         parent = os.environ.get("DRILLS_TEST_CPU_GROUP")
         # (only where cpuacct is a hierarchy of its own: a group joined with the cpu controller would give each
         # worker an equal share of the cores, and change what is measured)
-        if parent and os.environ.get("DRILLS_TEST_TIMELINE") and not (Path(parent) / "cpu.shares").exists():
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")      # a folder name: a plain name, or no group
+        if (parent and os.environ.get("DRILLS_TEST_TIMELINE") and is_plain_name(worker)
+                and not (Path(parent) / "cpu.shares").exists()):
             try:
-                group = Path(parent) / os.environ.get("PYTEST_XDIST_WORKER", "main")
+                group = Path(parent) / worker
                 group.mkdir(exist_ok=True)
                 (group / "cgroup.procs").write_text(str(os.getpid()))
             except OSError:
