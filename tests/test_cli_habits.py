@@ -128,3 +128,23 @@ def test_run_folders_go_to_reports_of_the_working_directory_or_where_told(tmp_pa
     assert r.returncode == 2 and "not a folder" in r.stderr
     v = json.loads(drills("version", "-o", "json", cwd=here).stdout)
     assert v["reports"] == str(here / "reports") and v["data"] == str(ROOT / "fixtures")
+
+
+@pytest.mark.parametrize("args, code", [(("version",), 0), (("run", "--help"), 0),
+                                         (("run", "--plan", "--lanes", "all", "--controller", "all"), 0),
+                                         (("cluster", "status"), 1)])
+def test_a_reader_that_leaves_early_changes_neither_the_exit_code_nor_stderr(args, code, tmp_path):
+    """`drills ... | head`: the reader closes the pipe; what is still written goes nowhere and the command ends as it
+    would have (the same exit code, no error line), as kubectl's and pytest's output does."""
+    env = {"DRILLS_CACHE": str(tmp_path / "cache"), "DRILLS_CLUSTER": "pipe-reader"}
+    kept = drills(*args, env=env)
+    read, write = os.pipe()
+    os.close(read)          # the reader has gone before the command writes its first line
+    try:
+        left = subprocess.run([sys.executable, "-m", "drills", *args], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=120, cwd=str(ROOT), stdin=subprocess.DEVNULL,
+                              preexec_fn=die_with_parent, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    finally:
+        os.close(write)
+    assert kept.stdout and (kept.returncode, left.returncode) == (code, code), (kept.stderr, left.stderr)
+    assert "BrokenPipe" not in left.stderr and left.stderr == kept.stderr, left.stderr
