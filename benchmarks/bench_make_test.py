@@ -16,6 +16,7 @@ import calendar
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from drills.core import config
+from drills.core.procs import die_with_parent
 
 ROOT = config.project_root()
 
@@ -119,6 +121,28 @@ def _cpu_group(name: str) -> Path | None:
         return None
 
 
+STOP_STEPS = ((signal.SIGINT, 120.0), (signal.SIGTERM, 30.0), (signal.SIGKILL, 30.0))   # signal, then its wait
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """The run's process group stopped: SIGINT (as Ctrl-C: the drills restore what they changed and take down their
+    clusters), then SIGTERM, then SIGKILL, each after the previous one's wait ran out."""
+    for sig, wait in STOP_STEPS:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def run(label: str, env: dict, cache: Path, workdir: Path) -> None:
     junit = workdir / "junit.xml"
     log = workdir / "make-test.log"
@@ -129,11 +153,26 @@ def run(label: str, env: dict, cache: Path, workdir: Path) -> None:
     if group:
         env["DRILLS_TEST_CPU_GROUP"] = str(group)       # each worker's group in it: every test's CPU in the timeline
     t0 = time.time()
+
+    def child() -> None:
+        die_with_parent()
+        # SIGINT as a terminal's: a benchmark started in the background (`cmd &`) inherits it ignored, and so would
+        # make, pytest and every drill (Python leaves an ignored SIGINT ignored), and the stop's SIGINT would do nothing
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if group:
+            (group / "tasks").write_text(str(os.getpid()))
+
     with open(log, "w") as out:
+        # a process group of its own, so that the benchmark stopped stops the run as Ctrl-C stops `make test`
         proc = subprocess.Popen(["make", "test", f"PYTEST_ARGS=--junitxml={junit}"], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT,
-                                preexec_fn=(lambda: (group / "tasks").write_text(str(os.getpid()))) if group else None)
-        rc = proc.wait()
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=child)
+        try:
+            rc = proc.wait()
+        except BaseException:
+            print(f"  stopping make test (process group {proc.pid}): SIGINT, then SIGTERM, then SIGKILL", flush=True)
+            stop_group(proc)
+            raise
     wall = time.time() - t0
     cpu = int((group / "cpuacct.usage").read_text()) / 1e9 if group else None
     if group:
@@ -183,6 +222,7 @@ def main() -> int:
                     help="with --cold: the empty caches in DIR (it must not exist yet), kept afterwards")
     ap.add_argument("--out", default=None, help="keep the logs and JUnit files here (default: a temporary folder)")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, _raise_interrupt)     # a stopped benchmark stops its run (stop_group) and cleans up
     if not (a.cold or a.warm):
         ap.error("give --cold and/or --warm")
     out = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="bench-make-test-"))
