@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 
 from drills.core import config
+from drills.core.procs import die_with_parent, stop_process
 from drills import lanes
 from drills.record.ledger import PASS, describe_row, read_rows
+
+
+STOP_GRACE_S = 180.0     # an interrupted run's own clean-up: its legs stopped, its clusters taken down
 
 
 def _drills(*args, env=None, log: Path | None = None) -> tuple[int, str]:
@@ -27,8 +31,17 @@ def _drills(*args, env=None, log: Path | None = None) -> tuple[int, str]:
                            cwd=str(config.project_root()), timeout=600)
         return r.returncode, r.stdout + r.stderr
     with open(log, "w") as out:
-        rc = subprocess.call([sys.executable, "-m", "drills", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
-                             cwd=str(config.project_root()))
+        proc = subprocess.Popen([sys.executable, "-m", "drills", *args], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=str(config.project_root()), stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=die_with_parent)
+        try:
+            rc = proc.wait()
+        except BaseException:
+            # the session interrupted (Ctrl-C): the run, in a session of its own (a terminal's Ctrl-C does not reach
+            # it), gets one SIGTERM, as a user stops it: its legs end and its clusters come down (subprocess.call's
+            # SIGKILL left them for the next run to reap; a second signal would abandon its restore)
+            stop_process(proc, timeout=STOP_GRACE_S)
+            raise
     return rc, log.read_text()
 
 
