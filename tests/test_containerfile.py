@@ -5,6 +5,7 @@ lines), then what a shard pod runs first from that root.  examples/indexed-job.y
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from importlib.machinery import SourceFileLoader
@@ -71,4 +72,10 @@ def test_the_containerfile_steps_run_in_a_fresh_root(tmp_path):
     assert Toolchain(root / "opt" / "drills" / "cache").is_built(rollouts_component(config.DEFAULT_CONTROLLER))
     assert (root / "opt" / "drills" / "gomod" / f"github.com/argoproj/argo-rollouts@{config.DEFAULT_CONTROLLER}"
             / "rollout" / "trafficrouting.go").is_file()
-    assert not (root / "var" / "cache" / "go-build").exists() and not (root / "var" / "cache" / "go-mod").exists()
+    assert not any((root / "var" / "cache" / m).exists() for m in ("go-build", "go-mod", "drills"))
+    # a warm builder's toolchain is copied from its drills cache mount (the machine's), never compiled or linked again
+    image, machine = Toolchain(root / "opt" / "drills" / "cache"), Toolchain()
+    for comp in components_for([config.DEFAULT_CONTROLLER]):
+        stamp = json.loads(image.stamp(comp).read_text())
+        assert stamp["copied_from"] == str(root / "var" / "cache" / "drills" / comp.name / comp.version), stamp
+        assert stamp["binaries"] == json.loads(machine.stamp(comp).read_text())["binaries"], comp.key

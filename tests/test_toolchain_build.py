@@ -302,3 +302,83 @@ def test_a_bad_build_jobs_setting_is_refused_before_anything_is_written(tmp_path
                        timeout=120, env={**os.environ, "DRILLS_CACHE": str(tmp_path / "c"), "DRILLS_BUILD_JOBS": raw})
     assert r.returncode == 2 and "DRILLS_BUILD_JOBS" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*")), "nothing is written on bad input"
+
+
+# --- a build copied from another drills cache (an image builder's cache mount: Containerfile, --reuse) ----------------
+FAKE = Component("fake", "example.com/fake", "v0.0.1",
+                 {"fake": "example.com/fake/cmd/fake", "tool": "example.com/fake/cmd/tool"})
+
+
+def _built_elsewhere(cache, comp=FAKE, **stamp_over):
+    """``comp`` as a build leaves it in the drills cache ``cache``: its binaries, a data folder, its build stamp."""
+    import hashlib
+    import json
+    from drills.toolchain.stamps import build_fingerprint
+    folder = cache / comp.name / comp.version
+    (folder / "crds").mkdir(parents=True)
+    (folder / "crds" / "x-crd.yaml").write_text("kind: CustomResourceDefinition\n")
+    shas = {}
+    for name in comp.binaries:
+        (folder / name).write_bytes(b"\x7fELF" + name.encode() * 1000)
+        (folder / name).chmod(0o755)
+        shas[name] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    stamp = {"module": comp.module, "version": comp.version, "binaries": shas, "fingerprint": build_fingerprint(comp),
+             "gotoolchain": "local", "tags": list(comp.tags), **stamp_over}
+    (folder / "BUILD.json").write_text(json.dumps(stamp))
+    return folder
+
+
+def test_a_component_built_the_same_way_in_another_cache_is_copied_not_built(tmp_path):
+    import json
+    src = _built_elsewhere(tmp_path / "builder")
+    said = []
+    tc = Toolchain(tmp_path / "image", log=said.append, reuse=tmp_path / "builder")
+    tc.ensure([FAKE], jobs=1)       # nothing to build: a build of example.com/fake would fail (no such module)
+    assert tc.is_built(FAKE) and any("copied from" in line for line in said), said
+    dest = tc.dir(FAKE)
+    for name in FAKE.binaries:
+        assert (dest / name).read_bytes() == (src / name).read_bytes() and os.access(dest / name, os.X_OK)
+    assert (dest / "crds" / "x-crd.yaml").read_text() == (src / "crds" / "x-crd.yaml").read_text()
+    stamp = json.loads(tc.stamp(FAKE).read_text())
+    assert stamp["copied_from"] == str(src)
+    assert stamp["binaries"] == json.loads((src / "BUILD.json").read_text())["binaries"]
+    from drills.toolchain import check_built
+    assert check_built(dest / "fake")           # the copy runs: its sha256 is its stamp's
+
+
+@pytest.mark.parametrize("spoil", ["binary overwritten", "other flags", "stamp without fingerprint", "a binary missing",
+                                   "a symbolic link", "no stamp"])
+def test_a_build_elsewhere_that_is_not_the_same_is_not_copied(tmp_path, spoil):
+    import json
+    src = _built_elsewhere(tmp_path / "builder")
+    stamp = json.loads((src / "BUILD.json").read_text())
+    if spoil == "binary overwritten":
+        (src / "tool").write_bytes(b"\x7fELF something else")
+    elif spoil == "other flags":
+        stamp["fingerprint"] = "0" * 32
+    elif spoil == "stamp without fingerprint":
+        del stamp["fingerprint"]
+    elif spoil == "a binary missing":
+        del stamp["binaries"]["tool"]
+    elif spoil == "a symbolic link":
+        (src / "crds" / "x-crd.yaml").unlink()
+        (src / "crds" / "x-crd.yaml").symlink_to(tmp_path / "outside.yaml")
+        (tmp_path / "outside.yaml").write_text("not the builder's\n")
+    elif spoil == "no stamp":
+        (src / "BUILD.json").unlink()
+    if (src / "BUILD.json").exists():
+        (src / "BUILD.json").write_text(json.dumps(stamp))
+    said = []
+    from drills.toolchain.stamps import copy_build
+    tc = Toolchain(tmp_path / "image")
+    assert copy_build(FAKE, tmp_path / "builder", tc.dir(FAKE), said.append) is False
+    assert not tc.is_built(FAKE) and not tc.dir(FAKE).exists(), said
+    assert not [p for p in (tmp_path / "image").rglob("*") if p.name.startswith(".")], "no copy left half-done"
+
+
+def test_toolchain_build_refuses_a_reuse_folder_that_is_not_one(tmp_path):
+    cache = tmp_path / "cache"
+    r = subprocess.run([sys.executable, "-m", "drills", "toolchain", "build", "--reuse", str(tmp_path / "none")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "DRILLS_CACHE": str(cache)})
+    assert r.returncode == 2 and "--reuse" in r.stderr and "not a folder" in r.stderr, r.stderr
+    assert not cache.exists(), "nothing is built or written on bad input"

@@ -70,7 +70,12 @@ def cmd_toolchain_build(args) -> int:
     versions = resolve_controller_versions(args.controller)
     if args.jobs is not None and not 1 <= args.jobs <= 8:
         raise BadInput(f"-j {args.jobs}: give 1 to 8 components at a time")
-    tc = Toolchain()
+    reuse = None
+    if args.reuse is not None:
+        reuse = Path(args.reuse).expanduser().absolute()
+        if not reuse.is_dir():
+            raise BadInput(f"--reuse {args.reuse}: not a folder (give a drills cache, e.g. a builder's cache mount)")
+    tc = Toolchain(reuse=reuse)
     try:
         tc.ensure(components_for(versions, _extras_arg(args.extra)), jobs=args.jobs)
     except BuildError as e:

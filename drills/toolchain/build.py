@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -18,7 +17,6 @@ from typing import Callable
 import yaml
 
 from ..core import config
-from ..core.errors import BadInput
 from ..routers import ISTIO
 from ..core.procs import background_priority, die_with_parent
 from .locks import _RUNNING, _RUNNING_LOCK, WAITS, build_jobs, build_priority, check_jobs, hold_any  # noqa: F401
@@ -26,6 +24,9 @@ from .modsource import ModuleUnavailable, go_env, module_source
 from .components import (
     BuildError, Component, components_for, optional_components, parse_gomod, require_go, rollouts_component,
     user_built_component, wrapper_gomod
+)
+from .stamps import (  # noqa: F401  (the names drills.toolchain and its users import from here)
+    COMPILE_FLAGS, LINK_FLAGS, CorruptBinary, build_fingerprint, check_built, copy_build, sha256_file
 )
 
 
@@ -40,12 +41,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-# no symbol table or DWARF in the built binaries: nothing here debugs them, and the linker then writes less for
-# the large Kubernetes and Argo Rollouts binaries (figures: benchmarks/bench_toolchain.py)
-LINK_FLAGS = ("-s", "-w")
-# nor compiler DWARF the linker would drop: ~9 % less compile CPU, a cold machine's largest share (`go build -trimpath
-# std`, empty GOCACHE, twice each way: 54.6 and 53.7 CPU-s with DWARF, 49.3 and 48.8 without)
-COMPILE_FLAGS = ("-gcflags=all=-dwarf=false",)
 # how long a stopped build waits for its threads before the signal goes on
 STOP_JOIN_S = 10.0
 
@@ -60,61 +55,18 @@ def _build_groups(binaries: dict[str, str]) -> list[tuple[str, list[str]]]:
     return groups
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-class CorruptBinary(BadInput):
-    """A built binary in the cache is not the one its build stamp recorded (truncated, overwritten): refused, exit 2."""
-
-
-def check_built(binary: Path) -> str:
-    """The sha256 of a toolchain-built binary, checked against its build stamp (``BUILD.json`` beside it) before it
-    is run; CorruptBinary when they differ.  The hash is computed once per (size, mtime, inode) of the file and
-    remembered beside the stamp (``.verified.json``): hashing 100 MB on every start costs a second."""
-    binary = Path(binary)
-    try:
-        want = json.loads((binary.parent / "BUILD.json").read_text())["binaries"][binary.name]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise CorruptBinary(f"cached binary {binary} has no build stamp with its sha256 ({binary.parent / 'BUILD.json'}); "
-                            f"it is not run") from None
-    st = binary.stat()
-    seen = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
-    record = binary.parent / ".verified.json"
-    try:
-        known = json.loads(record.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if known.get(binary.name) == {**seen, "sha256": want}:
-        return want
-    got = sha256_file(binary)
-    if got != want:
-        raise CorruptBinary(f"cached binary {binary} is not the one built there (sha256 {got[:12]}, built as "
-                            f"{want[:12]}: truncated or overwritten); it is not run. Remove {binary.parent} and "
-                            f"run: drills toolchain build")
-    known = known if isinstance(known, dict) else {}
-    known[binary.name] = {**seen, "sha256": want}
-    tmp = record.with_name(f".verified.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_text(json.dumps(known))
-        os.replace(tmp, record)
-    except OSError:             # a read-only cache: checked again next time
-        pass
-    return want
-
-
 class Toolchain:
     """Builds components into the cache and tells where their files are."""
 
     def __init__(self, root: Path | None = None, log: Callable[[str], None] | None = None,
-                 background: bool | None = None):
+                 background: bool | None = None, reuse: Path | None = None):
         """``background``: the go commands run below the drills beside them (drills.core.procs.background_priority);
-        None: as DRILLS_BUILD_PRIORITY says, normal when unset (locks.build_priority)."""
+        None: as DRILLS_BUILD_PRIORITY says, normal when unset (locks.build_priority).  ``reuse``: another drills
+        cache (an image builder's cache mount): a component built there with the same module, version and
+        fingerprint (build_fingerprint) is copied from it, each binary checked against that build's sha256,
+        instead of being compiled and linked again."""
         self.root = Path(root or config.cache_dir())
+        self.reuse = Path(reuse) if reuse else None
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self._background = background
         self._stopping = threading.Event()       # set when a build here is stopped: nothing new starts
@@ -132,8 +84,13 @@ class Toolchain:
         return self.dir(comp) / "BUILD.json"
 
     def is_built(self, comp: Component) -> bool:
-        st = self.stamp(comp)
-        if not st.exists():
+        """Built here the way this drills builds it: a stamp with the component's fingerprint (a stamp of other flags,
+        or of a drills that recorded none, is built again: with warm Go caches, links only) and every binary."""
+        try:
+            stamp = json.loads(self.stamp(comp).read_text())
+        except (OSError, ValueError):
+            return False
+        if not isinstance(stamp, dict) or stamp.get("fingerprint") != build_fingerprint(comp):
             return False
         return all((self.dir(comp) / b).exists() for b in comp.binaries)
 
@@ -252,6 +209,10 @@ class Toolchain:
         with self._lock(self._lock_path(comp.key), f"{comp.key} is being built by another process", what=comp.key):
             if self.is_built(comp):
                 self.log(f"toolchain: [{i}/{n}] {comp.key} was built meanwhile")
+                return
+            if self.reuse is not None and copy_build(comp, self.reuse, self.dir(comp), self.log):
+                self.log(f"toolchain: [{i}/{n}] {comp.key} copied from {self.reuse} (the same build: its stamp's "
+                         f"module, version and fingerprint, each binary's sha256)")
                 return
             self.log(f"toolchain: [{i}/{n}] {comp.key} ...")
             t0 = time.monotonic()
@@ -389,7 +350,8 @@ class Toolchain:
         stamp = {"module": comp.module, "version": comp.version, "binaries": built,
                  "build_seconds": round(time.monotonic() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                             time.gmtime()),
-                 "gotoolchain": gotoolchain, "tags": list(comp.tags), "log": str(logpath)}
+                 "gotoolchain": gotoolchain, "tags": list(comp.tags), "fingerprint": build_fingerprint(comp),
+                 "log": str(logpath)}
         self.stamp(comp).write_text(json.dumps(stamp, indent=2))
         shutil.rmtree(work, ignore_errors=True)
 
