@@ -235,14 +235,16 @@ def other_minors_apart(ids: list[str]) -> tuple[list[str], set[str]]:
     return [i for i in ids if not i.startswith(smoke)], {i[len(smoke):-1] for i in ids if i.startswith(smoke)}
 
 
-def install_test_extra_and_collect(venv: Path, source: Path) -> list[str]:
+def install_test_extra_and_collect(venv: Path, wheel: Path, source: Path) -> list[str]:
+    # the extra of the wheel already installed (its metadata declares it, as the checkout's does): only the extra's
+    # dependencies are added, where `source[test]` built the package from the checkout a second time
     run([venv / "bin" / "pip", "install", *INSTALL_OPTS, "-c", ROOT / "constraints.txt",
-         f"{source}[test]"], source, clean_env(), timeout=INSTALL_TIMEOUT_S)
+         f"{wheel}[test]"], source, clean_env(), timeout=INSTALL_TIMEOUT_S)
     return collected_ids(run([venv / "bin" / "python", *COLLECT], source, clean_env()).stdout)
 
 
-def test_the_test_extra_collects_every_test(venv, source, collected_here):
-    assert install_test_extra_and_collect(venv, source) == collected_here
+def test_the_test_extra_collects_every_test(venv, wheel, source, collected_here):
+    assert install_test_extra_and_collect(venv, wheel, source) == collected_here
 
 
 @pytest.mark.parametrize("minor", [m for m in claimed_minors() if m != RUNNING])
@@ -277,7 +279,7 @@ def test_the_wheel_works_on_every_other_python_claimed(minor, wheel, source, col
     assert package_files(v) == before
     assert {p.relative_to(work).parts[0] for p in work.rglob("*")} <= {"reports"}
 
-    rest, smoke_minors = other_minors_apart(install_test_extra_and_collect(v, source))
+    rest, smoke_minors = other_minors_apart(install_test_extra_and_collect(v, wheel, source))
     assert rest == other_minors_apart(collected_here)[0]
     assert smoke_minors == set(claimed_minors()) - {minor} and minor != RUNNING
 
