@@ -27,6 +27,7 @@ from pathlib import Path
 
 from drills.core import config
 from drills.core.procs import die_with_parent
+from drills.core.wait import WaitTimeout, until
 
 ROOT = config.project_root()
 
@@ -121,22 +122,40 @@ def _cpu_group(name: str) -> Path | None:
         return None
 
 
-STOP_STEPS = ((signal.SIGINT, 120.0), (signal.SIGTERM, 30.0), (signal.SIGKILL, 30.0))   # signal, then its wait
+# signal, then how long the group has to end: SIGINT's wait outlasts tests/test_lanes.py's STOP_GRACE_S (the lanes
+# run's own clean-up, its clusters taken down), so the SIGTERM after it never cuts that short
+STOP_STEPS = ((signal.SIGINT, 240.0), (signal.SIGTERM, 30.0), (signal.SIGKILL, 30.0))
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def stop_group(proc: subprocess.Popen) -> None:
     """The run's process group stopped: SIGINT (as Ctrl-C: the drills restore what they changed and take down their
-    clusters), then SIGTERM, then SIGKILL, each after the previous one's wait ran out."""
+    clusters), then SIGTERM, then SIGKILL, each once the previous one's wait ran out with a process of the group still
+    there (make's exit alone is not the end: what it started may outlive it)."""
     for sig, wait in STOP_STEPS:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             break
         try:
-            proc.wait(wait)
+            until(f"make test's process group to end after {sig.name}",
+                  lambda: proc.poll() is not None and not _group_alive(proc.pid), timeout=wait, interval=0.5)
             break
-        except subprocess.TimeoutExpired:
+        except WaitTimeout:
             continue
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def _raise_interrupt(signum, frame):

@@ -20,7 +20,7 @@ import yaml
 from .core import about, config
 from . import routers
 from .core.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
-from .core.pipes import ReaderMayLeave
+from .core.pipes import readers_may_leave
 from .core.signals import Interrupted, SignalGuard
 
 
@@ -406,12 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    stdout, sys.stdout = sys.stdout, ReaderMayLeave(sys.stdout)
-    try:
+    with readers_may_leave():       # `drills ... | head`, `2>&1 | head`: the command ends as it would have
         return _main(argv)
-    finally:
-        sys.stdout.flush()
-        sys.stdout = stdout
 
 
 def _main(argv: list[str] | None) -> int:

@@ -130,21 +130,44 @@ def test_run_folders_go_to_reports_of_the_working_directory_or_where_told(tmp_pa
     assert v["reports"] == str(here / "reports") and v["data"] == str(ROOT / "fixtures")
 
 
-@pytest.mark.parametrize("args, code", [(("version",), 0), (("run", "--help"), 0),
-                                         (("run", "--plan", "--lanes", "all", "--controller", "all"), 0),
-                                         (("cluster", "status"), 1)])
-def test_a_reader_that_leaves_early_changes_neither_the_exit_code_nor_stderr(args, code, tmp_path):
-    """`drills ... | head`: the reader closes the pipe; what is still written goes nowhere and the command ends as it
-    would have (the same exit code, no error line), as kubectl's and pytest's output does."""
-    env = {"DRILLS_CACHE": str(tmp_path / "cache"), "DRILLS_CLUSTER": "pipe-reader"}
-    kept = drills(*args, env=env)
+READER_CASES = [(("version",), 0), (("run", "--help"), 0),
+                (("run", "--plan", "--lanes", "all", "--controller", "all"), 0), (("cluster", "status"), 1),
+                (("cluster", "up", "--controller", ""), 2)]
+
+
+def _with_reader_gone(args, env, stream: str) -> subprocess.CompletedProcess:
+    """The command with ``stream`` (stdout or stderr) a pipe whose reader has gone before the first line, or with
+    its standard output closed altogether (``stream == "closed"``: ``drills ... >&-``)."""
     read, write = os.pipe()
-    os.close(read)          # the reader has gone before the command writes its first line
+    os.close(read)
+
+    def child():
+        die_with_parent()
+        if stream == "closed":
+            os.close(1)
     try:
-        left = subprocess.run([sys.executable, "-m", "drills", *args], stdout=write, stderr=subprocess.PIPE,
-                              text=True, timeout=120, cwd=str(ROOT), stdin=subprocess.DEVNULL,
-                              preexec_fn=die_with_parent, env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+        return subprocess.run([sys.executable, "-m", "drills", *args], text=True, timeout=120, cwd=str(ROOT),
+                              stdin=subprocess.DEVNULL, preexec_fn=child,
+                              stdout=write if stream == "stdout" else None if stream == "closed" else subprocess.PIPE,
+                              stderr=write if stream == "stderr" else subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     finally:
         os.close(write)
-    assert kept.stdout and (kept.returncode, left.returncode) == (code, code), (kept.stderr, left.stderr)
-    assert "BrokenPipe" not in left.stderr and left.stderr == kept.stderr, left.stderr
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr", "closed"])
+@pytest.mark.parametrize("args, code", READER_CASES)
+def test_a_reader_that_leaves_early_changes_neither_the_exit_code_nor_the_rest(args, code, stream, tmp_path):
+    """`drills ... | head`, `drills ... 2>&1 | head`, `drills ... >&-`: what is still written goes nowhere and the
+    command ends as it would have (the same exit code, the same other stream, no error line), as kubectl's and
+    pytest's output does."""
+    env = {"DRILLS_CACHE": str(tmp_path / "cache"), "DRILLS_CLUSTER": "pipe-reader"}
+    kept = drills(*args, env=env)
+    left = _with_reader_gone(args, env, stream)
+    assert (kept.stdout or kept.stderr) and (kept.returncode, left.returncode) == (code, code), (kept.stderr, left)
+    if stream == "stderr":
+        assert left.stdout == kept.stdout
+    elif stream == "stdout":
+        assert left.stderr == kept.stderr, left.stderr
+    else:       # no standard output at all: argparse's help goes to stderr then (Python's own choice)
+        assert "Traceback" not in left.stderr and "Error:" not in left.stderr, left.stderr

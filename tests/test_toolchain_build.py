@@ -313,7 +313,7 @@ def _built_elsewhere(cache, comp=FAKE, **stamp_over):
     """``comp`` as a build leaves it in the drills cache ``cache``: its binaries, a data folder, its build stamp."""
     import hashlib
     import json
-    from drills.toolchain.stamps import build_fingerprint
+    from drills.toolchain.stamps import go_platform
     folder = cache / comp.name / comp.version
     (folder / "crds").mkdir(parents=True)
     (folder / "crds" / "x-crd.yaml").write_text("kind: CustomResourceDefinition\n")
@@ -322,8 +322,8 @@ def _built_elsewhere(cache, comp=FAKE, **stamp_over):
         (folder / name).write_bytes(b"\x7fELF" + name.encode() * 1000)
         (folder / name).chmod(0o755)
         shas[name] = hashlib.sha256((folder / name).read_bytes()).hexdigest()
-    stamp = {"module": comp.module, "version": comp.version, "binaries": shas, "fingerprint": build_fingerprint(comp),
-             "gotoolchain": "local", "tags": list(comp.tags), **stamp_over}
+    stamp = {"module": comp.module, "version": comp.version, "binaries": shas, "go": go_platform(),
+             "fingerprint": Toolchain.fingerprint(comp), "gotoolchain": "local", "tags": list(comp.tags), **stamp_over}
     (folder / "BUILD.json").write_text(json.dumps(stamp))
     return folder
 
@@ -333,8 +333,11 @@ def test_a_component_built_the_same_way_in_another_cache_is_copied_not_built(tmp
     src = _built_elsewhere(tmp_path / "builder")
     said = []
     tc = Toolchain(tmp_path / "image", log=said.append, reuse=tmp_path / "builder")
+    remains = tc.dir(FAKE).parent / f".{FAKE.version}.copy-999999999"       # what a killed copy left
+    remains.mkdir(parents=True)
     tc.ensure([FAKE], jobs=1)       # nothing to build: a build of example.com/fake would fail (no such module)
     assert tc.is_built(FAKE) and any("copied from" in line for line in said), said
+    assert not remains.exists() and sorted(p.name for p in tc.dir(FAKE).parent.iterdir()) == [FAKE.version]
     dest = tc.dir(FAKE)
     for name in FAKE.binaries:
         assert (dest / name).read_bytes() == (src / name).read_bytes() and os.access(dest / name, os.X_OK)
@@ -347,7 +350,7 @@ def test_a_component_built_the_same_way_in_another_cache_is_copied_not_built(tmp
 
 
 @pytest.mark.parametrize("spoil", ["binary overwritten", "other flags", "stamp without fingerprint", "a binary missing",
-                                   "a symbolic link", "no stamp"])
+                                   "a symbolic link", "no stamp", "another Go", "another platform"])
 def test_a_build_elsewhere_that_is_not_the_same_is_not_copied(tmp_path, spoil):
     import json
     src = _built_elsewhere(tmp_path / "builder")
@@ -366,12 +369,16 @@ def test_a_build_elsewhere_that_is_not_the_same_is_not_copied(tmp_path, spoil):
         (tmp_path / "outside.yaml").write_text("not the builder's\n")
     elif spoil == "no stamp":
         (src / "BUILD.json").unlink()
+    elif spoil == "another Go":
+        stamp["go"] = {**stamp["go"], "GOVERSION": "go1.0.1"}
+    elif spoil == "another platform":
+        stamp["go"] = {**stamp["go"], "GOARCH": "arm64" if stamp["go"]["GOARCH"] != "arm64" else "amd64"}
     if (src / "BUILD.json").exists():
         (src / "BUILD.json").write_text(json.dumps(stamp))
     said = []
     from drills.toolchain.stamps import copy_build
     tc = Toolchain(tmp_path / "image")
-    assert copy_build(FAKE, tmp_path / "builder", tc.dir(FAKE), said.append) is False
+    assert copy_build(FAKE, Toolchain.fingerprint(FAKE), tmp_path / "builder", tc.dir(FAKE), said.append) is False
     assert not tc.is_built(FAKE) and not tc.dir(FAKE).exists(), said
     assert not [p for p in (tmp_path / "image").rglob("*") if p.name.startswith(".")], "no copy left half-done"
 
@@ -382,3 +389,26 @@ def test_toolchain_build_refuses_a_reuse_folder_that_is_not_one(tmp_path):
                        capture_output=True, text=True, timeout=120, env={**os.environ, "DRILLS_CACHE": str(cache)})
     assert r.returncode == 2 and "--reuse" in r.stderr and "not a folder" in r.stderr, r.stderr
     assert not cache.exists(), "nothing is built or written on bad input"
+
+
+def test_a_stamp_of_other_flags_or_of_none_is_not_built(tmp_path):
+    """A component whose stamp lacks this drills' fingerprint of it (a cache from before fingerprints, or of other
+    flags) is built again; with the fingerprint it is built."""
+    import json
+    _built_elsewhere(tmp_path / "cache")
+    tc = Toolchain(tmp_path / "cache")
+    assert tc.is_built(FAKE)
+    stamp = json.loads(tc.stamp(FAKE).read_text())
+    for spoiled in ({k: v for k, v in stamp.items() if k != "fingerprint"}, {**stamp, "fingerprint": "0" * 32}):
+        tc.stamp(FAKE).write_text(json.dumps(spoiled))
+        assert not tc.is_built(FAKE), spoiled
+
+
+def test_a_components_fingerprint_is_the_same_in_every_process():
+    """The fingerprint decides whether a cache is built: it never depends on a process's hash seed (a set's order)."""
+    code = ("from drills.toolchain import Toolchain, components_for\n"
+            "print(*(Toolchain.fingerprint(c) for c in components_for(['v1.8.2', 'v1.10.2'], "
+            "['registry', 'prometheus', 'kube-state-metrics'])))")
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout for seed in map(str, range(8))}
+    assert len(seen) == 1 and len(seen.pop().split()) == 10, seen

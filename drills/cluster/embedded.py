@@ -194,7 +194,8 @@ class EmbeddedCluster(ClusterState):
             missing = [c for c in comps if not self.tc.is_built(c)]
             if missing and not build:
                 raise ClusterInputError(
-                    "missing binary: " + ", ".join(c.key for c in missing) + " (run: drills toolchain build)")
+                    "missing binary (not built, or its build stamp is of other flags or of an older drills): "
+                    + ", ".join(c.key for c in missing) + " (run: drills toolchain build)")
             with self.usage.exclusive(f"cluster up --controller {label}", self.log):
                 st = self.state()
                 same = ((st.get("nearest_release") or st.get("controller_version")) == version and

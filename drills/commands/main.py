@@ -72,6 +72,8 @@ def cmd_toolchain_build(args) -> int:
         raise BadInput(f"-j {args.jobs}: give 1 to 8 components at a time")
     reuse = None
     if args.reuse is not None:
+        if not args.reuse.strip():
+            raise BadInput("--reuse '': give a drills cache folder, or leave the flag out")
         reuse = Path(args.reuse).expanduser().absolute()
         if not reuse.is_dir():
             raise BadInput(f"--reuse {args.reuse}: not a folder (give a drills cache, e.g. a builder's cache mount)")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from contextlib import contextmanager
 
 
 class ReaderMayLeave:
@@ -28,10 +30,29 @@ class ReaderMayLeave:
     def _to_devnull(self) -> None:
         try:
             fd = os.open(os.devnull, os.O_WRONLY)
+        except OSError:
+            return
+        try:
             os.dup2(fd, self._stream.fileno())      # what is still buffered is flushed there, at exit too
-            os.close(fd)
         except (OSError, ValueError):
             pass
+        finally:
+            os.close(fd)
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+@contextmanager
+def readers_may_leave():
+    """sys.stdout and sys.stderr as ReaderMayLeave for the block (a stream that is None, a closed descriptor at the
+    start, stays None), flushed and put back at its end."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (None if s is None else ReaderMayLeave(s) for s in saved)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        sys.stdout, sys.stderr = saved

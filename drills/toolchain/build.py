@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import re
@@ -26,7 +28,7 @@ from .components import (
     user_built_component, wrapper_gomod
 )
 from .stamps import (  # noqa: F401  (the names drills.toolchain and its users import from here)
-    COMPILE_FLAGS, LINK_FLAGS, CorruptBinary, build_fingerprint, check_built, copy_build, sha256_file
+    COMPILE_FLAGS, LINK_FLAGS, CorruptBinary, build_fingerprint, check_built, copy_build, go_platform, sha256_file
 )
 
 
@@ -90,9 +92,14 @@ class Toolchain:
             stamp = json.loads(self.stamp(comp).read_text())
         except (OSError, ValueError):
             return False
-        if not isinstance(stamp, dict) or stamp.get("fingerprint") != build_fingerprint(comp):
+        if not isinstance(stamp, dict) or stamp.get("fingerprint") != self.fingerprint(comp):
             return False
         return all((self.dir(comp) / b).exists() for b in comp.binaries)
+
+    @staticmethod
+    def fingerprint(comp: Component) -> str:
+        """build_fingerprint with the code that collects the component's data (a change there is a new build)."""
+        return _fingerprint(comp)
 
     def bin(self, name: str, version: str, binary: str) -> Path:
         return self.root / name / version / binary
@@ -210,7 +217,8 @@ class Toolchain:
             if self.is_built(comp):
                 self.log(f"toolchain: [{i}/{n}] {comp.key} was built meanwhile")
                 return
-            if self.reuse is not None and copy_build(comp, self.reuse, self.dir(comp), self.log):
+            if self.reuse is not None and copy_build(comp, self.fingerprint(comp), self.reuse, self.dir(comp),
+                                                     self.log):
                 self.log(f"toolchain: [{i}/{n}] {comp.key} copied from {self.reuse} (the same build: its stamp's "
                          f"module, version and fingerprint, each binary's sha256)")
                 return
@@ -350,7 +358,8 @@ class Toolchain:
         stamp = {"module": comp.module, "version": comp.version, "binaries": built,
                  "build_seconds": round(time.monotonic() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                             time.gmtime()),
-                 "gotoolchain": gotoolchain, "tags": list(comp.tags), "fingerprint": build_fingerprint(comp),
+                 "gotoolchain": gotoolchain, "tags": list(comp.tags), "fingerprint": self.fingerprint(comp),
+                 "go": go_platform(),
                  "log": str(logpath)}
         self.stamp(comp).write_text(json.dumps(stamp, indent=2))
         shutil.rmtree(work, ignore_errors=True)
@@ -460,3 +469,19 @@ class Toolchain:
             except ValueError:
                 pass
         return row
+
+
+def _fingerprint(comp: Component) -> str:
+    return build_fingerprint(comp, _collecting_code(comp.extra))
+
+
+@functools.lru_cache(maxsize=None)
+def _collecting_code(extra: str | None) -> str:
+    """The code that collects a component's data (its ``extra`` step) and what it reads, as the fingerprint sees it."""
+    collect = {"rollouts": Toolchain._collect_rollouts, "kwok": Toolchain._collect_kwok,
+               "istio": Toolchain._collect_istio}.get(extra or "")
+    try:
+        code = inspect.getsource(collect) if collect else ""
+    except (OSError, TypeError):        # no source beside the package: the flags and packages still count
+        code = ""
+    return code + (repr(sorted(ISTIO.crds)) if extra == "istio" else "")    # (a set: in a fixed order)

@@ -3,15 +3,18 @@ decides its binaries), the check of a built binary against its stamp before it r
 another drills cache (an image builder's cache mount) instead of a build."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
+import subprocess
 import threading
 from pathlib import Path
 from typing import Callable
 
 from ..core.errors import BadInput
+from ..core.procs import pid_alive, run_bounded
 from .components import Component
 
 # no symbol table or DWARF in the built binaries: nothing here debugs them, and the linker then writes less for
@@ -22,14 +25,30 @@ LINK_FLAGS = ("-s", "-w")
 COMPILE_FLAGS = ("-gcflags=all=-dwarf=false",)
 
 
-def build_fingerprint(comp: Component) -> str:
-    """What, beside a component's module and version, decides the binaries a build of it makes here: the go flags,
-    the tags, the packages and the data collected.  A build stamp records it; a build in another cache is copied
-    (Toolchain ``reuse``) only when it is the same."""
+def build_fingerprint(comp: Component, collected: str = "") -> str:
+    """What, beside a component's module and version, decides what a build of it makes here: the go flags, the tags,
+    the packages, and how its data is collected (``collected``: the collecting code, Toolchain.fingerprint).  A build
+    stamp records it; a stamp with another one is built again, and a build in another cache is copied (Toolchain
+    ``reuse``) only when it is the same."""
     what = {"compile": list(COMPILE_FLAGS), "link": list(LINK_FLAGS), "ldflags": list(comp.ldflags),
             "tags": list(comp.tags), "binaries": dict(sorted(comp.binaries.items())), "extra": comp.extra,
-            "trimpath": True}
+            "collected": hashlib.sha256(collected.encode()).hexdigest(), "trimpath": True}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
+
+
+@functools.lru_cache(maxsize=1)
+def go_platform() -> dict | None:
+    """The machine's Go and what it builds for (GOVERSION, GOOS, GOARCH, GOAMD64, CGO_ENABLED, as a build here sets
+    them), recorded in a build stamp: a build is copied from another cache only when it was made by the same Go for
+    the same platform (a builder's cache mount outlives a Go upgrade and may be shared by two architectures).  None
+    where go cannot say."""
+    from .modsource import go_env
+    try:
+        r = run_bounded(["go", "env", "-json", "GOVERSION", "GOOS", "GOARCH", "GOAMD64", "CGO_ENABLED"], timeout=60,
+                        env=go_env("local"))
+        return json.loads(r.stdout) if r.returncode == 0 else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
 
 
 def sha256_file(path: Path) -> str:
@@ -79,10 +98,11 @@ def check_built(binary: Path) -> str:
     return want
 
 
-def copy_build(comp: Component, reuse: Path, dest: Path, log: Callable[[str], None]) -> bool:
+def copy_build(comp: Component, fingerprint: str, reuse: Path, dest: Path, log: Callable[[str], None]) -> bool:
     """``comp`` copied from the drills cache ``reuse`` into the folder ``dest`` when it was built there the same
-    way (its stamp's module, version and fingerprint); False, and nothing written, when it was not or when anything
-    there is not what its stamp says (a binary's sha256, a symbolic link, a file that is not a regular file)."""
+    way (its stamp's module, version, ``fingerprint``, and Go and platform, go_platform); False, and nothing left
+    written, when it was not or when anything copied is not what its stamp says (a binary's sha256) or not a plain
+    file or folder (a symbolic link is copied as a link, never followed, and refused)."""
     src = reuse / comp.name / comp.version
     try:
         if src.resolve() == dest.resolve():
@@ -91,23 +111,34 @@ def copy_build(comp: Component, reuse: Path, dest: Path, log: Callable[[str], No
     except (OSError, ValueError, RuntimeError):
         return False
     if not isinstance(stamp, dict) or (stamp.get("module"), stamp.get("version"), stamp.get("fingerprint")) != \
-            (comp.module, comp.version, build_fingerprint(comp)):
+            (comp.module, comp.version, fingerprint):
         return False
     shas = stamp.get("binaries")
     if not isinstance(shas, dict) or set(shas) != set(comp.binaries):
         return False
+    here = go_platform()
+    if here is None or stamp.get("go") != here:
+        log(f"toolchain: {comp.key} in {reuse} was built by {stamp.get('go') or 'a Go it does not name'}, not this "
+            f"machine's {here or '(go env failed)'}: built here")
+        return False
+    for left in dest.parent.glob(f".{dest.name}.copy-*"):      # a copy a killed process left half-done
+        pid = left.name.rsplit("-", 1)[-1]
+        if not (pid.isdigit() and pid_alive(int(pid))):
+            shutil.rmtree(left, ignore_errors=True)
     tmp = dest.with_name(f".{dest.name}.copy-{os.getpid()}")
     try:
-        for path in [src, *src.rglob("*")]:
-            if path.is_symlink() or not (path.is_dir() or path.is_file()):
-                log(f"toolchain: {comp.key} in {reuse}: {path} is not a plain file or folder: built here")
-                return False
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("BUILD.json", ".verified.json", ".*.tmp"))
+        shutil.copytree(src, tmp, symlinks=True,
+                        ignore=shutil.ignore_patterns("BUILD.json", ".verified.json", ".*.tmp"))
+        for path in tmp.rglob("*"):                # what was copied, not what the source holds now
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                log(f"toolchain: {comp.key} in {reuse}: {path.relative_to(tmp)} is not a plain file or folder: "
+                    f"built here")
+                return False
         for name, sha in shas.items():
             if sha256_file(tmp / name) != sha:
                 log(f"toolchain: {comp.key} in {reuse}: {name} is not the binary its stamp recorded "
-                         f"(truncated or overwritten): built here")
+                    f"(truncated or overwritten): built here")
                 return False
         (tmp / "BUILD.json").write_text(json.dumps({**stamp, "copied_from": str(src)}, indent=2))
         if dest.exists():
