@@ -70,13 +70,9 @@ def cmd_toolchain_build(args) -> int:
     versions = resolve_controller_versions(args.controller)
     if args.jobs is not None and not 1 <= args.jobs <= 8:
         raise BadInput(f"-j {args.jobs}: give 1 to 8 components at a time")
-    reuse = None
-    if args.reuse is not None:
-        if not args.reuse.strip():
-            raise BadInput("--reuse '': give a drills cache folder, or leave the flag out")
-        reuse = Path(args.reuse).expanduser().absolute()
-        if not reuse.is_dir():
-            raise BadInput(f"--reuse {args.reuse}: not a folder (give a drills cache, e.g. a builder's cache mount)")
+    reuse = Path(args.reuse).expanduser().absolute() if args.reuse and args.reuse.strip() else None
+    if args.reuse is not None and not (reuse and reuse.is_dir()):
+        raise BadInput(f"--reuse {args.reuse!r}: not a folder (give a drills cache, e.g. a builder's cache mount)")
     tc = Toolchain(reuse=reuse)
     try:
         tc.ensure(components_for(versions, _extras_arg(args.extra)), jobs=args.jobs)
