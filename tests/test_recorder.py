@@ -8,6 +8,7 @@ from drills.record import recorder, timeline
 from drills.routers import istio
 from drills.kube.rollout import Predicate, healthy, paused
 from drills.drill.shapes import RolloutSpec, install
+from drills.core.wait import hold_for
 
 
 def _deploy(kube, ns, spec):
@@ -67,6 +68,29 @@ def test_route_writes_superseded_before_the_first_list_are_no_gap(kube, cluster,
     assert any("before its first list" in n for n in result["notes"]), result["notes"]
     listed = [r["rv"] for r in rec.records if r["kind"] == "VirtualService"]
     assert listed == [written[-1]["rv"]], (listed, written)
+
+
+@pytest.mark.single_version
+def test_route_writes_after_the_recording_ended_are_no_gap(kube, cluster, namespace, tmp_path):
+    """The controller carries on while a recorder stops (its watches end, their threads are joined): a route write
+    the apiserver completed after the recording ended is outside it, said in a note, and the recording is whole."""
+    ro = _deploy(kube, namespace, RolloutSpec(steps=[{"setWeight": 25}, {"pause": {}}], replicas=2, name="after"))
+    ro.wait("after", healthy(), 60)
+    audit_log = cluster.status()["audit_log"]
+    rec = recorder.Recorder(kube, namespace, "after", tmp_path / "after.timeline.jsonl", audit_log=audit_log).start()
+    co = client.CustomObjectsApi(kube)
+
+    class ControllerWritesWhileTheWatchesEnd:      # joined last, after the watches' own threads
+        def join(self, timeout=None):
+            co.patch_namespaced_custom_object(istio.GROUP, istio.VERSION, namespace, "virtualservices", "after",
+                                              {"metadata": {"annotations": {"drills.dev/test-write": "after"}}})
+            hold_for(1.0, "the audit log catching up")
+    rec.threads.append(ControllerWritesWhileTheWatchesEnd())
+    result = rec.stop()
+    written = recorder.audit_route_writes(audit_log, namespace, since_wall=rec.started_wall)
+    assert written and written[-1]["rv"] not in {r["rv"] for r in rec.records}, written    # the timeline lacks it
+    assert result["complete"], result["reasons"]
+    assert any("after the recording ended" in n for n in result["notes"]), result["notes"]
 
 
 def test_derive_orders_by_resource_version_not_arrival():
