@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "each still downloads its modules before it takes one of the cache's build slots")
     b.add_argument("--reuse", default=None, metavar="DIR",
                    help="another drills cache (an image builder's cache mount, as the Containerfile uses): a "
-                        "component built there the same way (module, version, flags; each binary's sha256 checked) "
+                        "component built there the same way (module, version, fingerprint; the same Go and platform; each "
+                        "binary's sha256 checked) "
                         "is copied from it instead of being compiled and linked again")
     b.set_defaults(func=_Command("cmd_toolchain_build"))
     ls = tcs.add_parser("list", help="what is built and what is supported")

@@ -193,15 +193,13 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
             stats["verify"] = "inconclusive: nothing verified (exit 3; why on stderr and in the run folder)"
         code = combine_exit_codes(code, vcode)
     used_facts = [f for f in facts_cache.values() if f is not None]
-    try:
-        if args.json:
-            print(to_json(records, inventory, verification, stats, used_facts, unreadable=bad, unjoined=unjoined),
-                  file=out)
-        else:
-            print(table(records, inventory, verification, stats, unreadable=bad, unjoined=unjoined), file=out)
-        out.flush()
-    except BrokenPipeError:                    # a reader such as `head` closed the pipe: the exit code still counts
-        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+    # (a reader such as `head` that closes the pipe: drills.core.pipes, for every command; the exit code still counts)
+    if args.json:
+        print(to_json(records, inventory, verification, stats, used_facts, unreadable=bad, unjoined=unjoined),
+              file=out)
+    else:
+        print(table(records, inventory, verification, stats, unreadable=bad, unjoined=unjoined), file=out)
+    out.flush()
     if args.sarif:
         _write(args.sarif, write_sarif, records, unreadable=bad, unjoined=unjoined)
     if args.junit:

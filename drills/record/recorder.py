@@ -297,11 +297,11 @@ class Recorder:
             writes = audit_route_writes(self.audit_log, self.ns, since_wall=self.started_wall, router=self.router)
             # a write the apiserver completed after the recording ended (the controller carries on while the watches
             # stop and their threads are joined, seconds on a loaded machine) is outside it, not missed by it
-            after = [w for w in writes if w["time"] and w["time"] > stopped_wall]
-            if after:
-                writes = [w for w in writes if w not in after]
-                self.notes.append(f"{len(after)} {self.router.route_kind} write(s) after the recording ended are "
-                                  f"outside it")
+            within = [w for w in writes if not (w["time"] and w["time"] > stopped_wall)]
+            if len(within) < len(writes):
+                self.notes.append(f"{len(writes) - len(within)} {self.router.route_kind} write(s) after the recording "
+                                  f"ended are outside it")
+            writes = within
             # a write after the recorder started but at or below its first list's resourceVersion was superseded
             # before any watch could see it (the list holds what came after): not a gap (a loaded machine lists late)
             floor, before = self.route_listed_rv, len(writes)
