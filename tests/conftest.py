@@ -19,12 +19,15 @@ import yaml
 from scheduling import VersionGroupedFileScheduling
 
 from drills.core import config as settings
+from drills.kube.lazy_client import install as serve_the_client_lazily
 from drills.drill.kit import DrillRollout
 from drills.core.names import is_plain_name
 from drills.core.procs import die_with_parent
 from drills.drill.shapes import RolloutSpec
 from drills.toolchain import Toolchain, components_for, resolve_controller_versions
 from drills.core.wait import WaitTimeout, until
+
+serve_the_client_lazily()        # before the test modules' own `from kubernetes import client`
 
 # --- a cold cache: the session builds its whole toolchain in the background from its first second ------------------
 # in the order the tests need it (etcd beside Kubernetes, kwok, the first controller, helm, then the second

@@ -37,7 +37,7 @@ EXPORTS = """
 
 
 def test_the_lazy_packages_export_what_the_library_exports_from_the_same_modules():
-    lazy = _python(EXPORTS.format(setup="import drills.kube", packages=PACKAGES[1:], lazy=True))
+    lazy = _python(EXPORTS.format(setup="from drills.kube import lazy_client; assert lazy_client.install()", packages=PACKAGES[1:], lazy=True))
     real = _python(EXPORTS.format(setup="import kubernetes", packages=PACKAGES[1:], lazy=False))
     for p in PACKAGES[1:]:
         # the real packages also hold their submodules as attributes; the names they export are the lazy ones' all
@@ -50,7 +50,9 @@ def test_the_lazy_packages_export_what_the_library_exports_from_the_same_modules
 def test_a_process_imports_only_the_api_and_models_it_reads():
     out = _python("""
         import json, sys
-        import drills.kube
+        from drills.kube import k8s
+        assert "kubernetes" not in sys.modules              # drills.kube.k8s: nothing until the client is used
+        k8s.client.Configuration
         from kubernetes import client, config, watch
         from kubernetes.client.rest import ApiException
         pod = client.ApiClient().deserialize(type("R", (), {"data": json.dumps({"metadata": {"name": "p"},

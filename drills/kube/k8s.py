@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 
+from .lazy_client import install as serve_lazily
+
 _NAMES = {
     "ApiException": ("kubernetes.client.exceptions", "ApiException"),
     "iter_resp_lines": ("kubernetes.watch.watch", "iter_resp_lines"),
@@ -26,6 +28,7 @@ class LazyModule:
         if name is None or (attr.startswith("__") and attr.endswith("__")):
             # copy/pickle probe dunders on an empty instance: never an import, never a KeyError
             raise AttributeError(attr)
+        serve_lazily()                  # the client's packages, each name imported when first read
         return getattr(importlib.import_module(name), attr)
 
     def __reduce__(self):
@@ -42,5 +45,6 @@ dynamic = LazyModule("kubernetes.dynamic")
 def __getattr__(name: str):
     if name in _NAMES:
         module, attr = _NAMES[name]
+        serve_lazily()
         return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

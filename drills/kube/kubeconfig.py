@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..core import inputs
 from ..core.errors import BadInput, Unreachable
+from .lazy_client import install as serve_lazily
 
 ENV_SEPARATOR = os.pathsep
 
@@ -83,6 +84,7 @@ def read(spec: str | None) -> Kubeconfig:
         cc = doc.get("current-context")
         if current is None and isinstance(cc, str) and cc:
             current = cc
+    serve_lazily()
     from kubernetes.config.kube_config import KubeConfigMerger     # the client: imported when a kubeconfig is read
     try:
         merger = KubeConfigMerger(shown)
@@ -146,6 +148,7 @@ def server_of(path: str | None, context: str | None) -> str | None:
 def _client_classes() -> tuple[type, type]:
     """(_Exec, _Loader), made on first use: their bases are the Kubernetes client's, imported only by a command
     that reads a kubeconfig."""
+    serve_lazily()
     from kubernetes.config.config_exception import ConfigException
     from kubernetes.config.exec_provider import ExecProvider
     from kubernetes.config.kube_config import KubeConfigLoader
@@ -221,6 +224,7 @@ def _client_classes() -> tuple[type, type]:
 def configure(cfg, spec: str | Path, context: str | None, exec_timeout: float) -> str:
     """Fill a client Configuration from the kubeconfig (credentials, TLS, proxy); returns the context used.
     BadInput when the kubeconfig is unusable, Unreachable when its credentials cannot be had."""
+    serve_lazily()
     from kubernetes.config.config_exception import ConfigException
     kc = read(str(spec))
     ctx = check_context(kc, context)

@@ -6,8 +6,9 @@ starts hundreds).  Each of those four files is a list of ``from MODULE import NA
 same names are served from a package object of the same name that imports ``MODULE`` when ``NAME`` is first read:
 ``client.CoreV1Api`` loads one API module and the models its answers use, never the rest.
 
-``install()`` places those package objects in ``sys.modules``, once, before anything of the client is imported; it
-does nothing when any part of the client is already imported, or when a file is not the plain list this reads (a
+``install()`` places those package objects in ``sys.modules``, once, before anything of the client is imported (on
+the first use of the client through drills.kube.k8s or a kubeconfig read: a command that talks to no cluster has no
+``kubernetes`` module at all); it does nothing when any part of the client is already imported, or when a file is not the plain list this reads (a
 client release that changed its layout is then imported as it is, only slower)."""
 from __future__ import annotations
 
