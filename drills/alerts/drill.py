@@ -46,6 +46,7 @@ from .ksm import KubeStateMetrics
 from .metrics import CANARY_WEIGHT, PHASE, ROLLOUT_INFO, ROLLOUT_UNAVAILABLE, STEP_INDEX
 from .ramp import expected_ramp, parse_seconds
 from .rules import ABORTED, STUCK, expr_numbers
+from ..core import fastyaml
 
 SCENARIOS = ("healthy", "normal", "held", "aborted")
 CONTROLLER_JOB, KSM_JOB = "argo-rollouts", "kube-state-metrics"
@@ -93,7 +94,7 @@ class AlertDrill:
             self.drills[key] = DrillRollout(self.api, ns, self._spec(key), self.ev / key, log=self.log,
                                             controller_version=self.version, audit_log=audit, controller_log=ctl_log)
         self._write_rules()
-        ksm_config = yaml.safe_load(Path(self.args.ksm_config).read_text())
+        ksm_config = fastyaml.safe_load(Path(self.args.ksm_config).read_text())
         c = self.cluster
         self.ksm = KubeStateMetrics(c.kubeconfig, c.folder, ksm_config, register=c.register_process,
                                     unregister=c.unregister_process, log=self.log)
@@ -115,7 +116,7 @@ class AlertDrill:
         docs = [manifests(d.spec, self.namespaces[k])["rollout"] for k, d in self.drills.items()]
         Path(self.args.inputs[0]).write_text(yaml.safe_dump_all(docs, sort_keys=False))
         command.run(self.args, log=self.log)
-        self.rules = yaml.safe_load(Path(self.args.out).read_text())
+        self.rules = fastyaml.safe_load(Path(self.args.out).read_text())
         rc, out = promtool.check_rules(Path(self.args.out))
         self.checks["check_rules"] = {"rc": rc, "output": out[-2000:]}
         rc, out = promtool.test_rules(self.ev / "promtool", self.rules,

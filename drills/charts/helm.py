@@ -23,6 +23,7 @@ from ..core import config
 from ..core.errors import BadInput
 from ..core.procs import die_with_parent, run_bounded
 from ..core.wait import WaitTimeout, until
+from ..core import fastyaml
 
 
 class HelmError(RuntimeError):
@@ -276,7 +277,7 @@ class Registry:
 
 def publish(helm: Helm, chart_dir: Path | str, registry: Registry, workdir: Path | str) -> dict:
     """`helm package` a chart source folder and `helm push` it to the registry; returns what was pushed."""
-    meta = yaml.safe_load((Path(chart_dir) / "Chart.yaml").read_text())
+    meta = fastyaml.safe_load((Path(chart_dir) / "Chart.yaml").read_text())
     pkg = helm.package(chart_dir, workdir)
     out = helm.push(pkg, registry.url, plain_http=True)
     digest = re.search(r"Digest:\s*(\S+)", out)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from ..core import config
+from ..core import config, fastyaml
 from ..core.names import is_plain_name, plain_name
 from ..core.signals import held
 from ..core.procs import (boot_id, die_with_parent, free_port, listening_ports_of, now_ticks, pid_alive, port_in_use,
@@ -330,7 +330,7 @@ class EmbeddedCluster(ClusterState):
             with clock.phase("controller started"):
                 self._start_controller(controller_binary)
             api = self.api_client()
-            self._update(api_server=yaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"])
+            self._update(api_server=fastyaml.safe_load(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"])
             with clock.phase("sentinel reconciled"):
                 create_sentinel(api)
                 self._wait_sentinel(api)

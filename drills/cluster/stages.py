@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
+from ..core import fastyaml
 
 RELEASE_ANNOTATION = "drills.dev/release"
 
@@ -21,7 +21,7 @@ STAGE_FILES = ("node-initialize.yaml", "node-heartbeat-with-lease.yaml", "pod-cr
 def load_stages(stage_dir: Path) -> list[dict]:
     out = []
     for name in STAGE_FILES:
-        doc = yaml.safe_load((stage_dir / name).read_text())
+        doc = fastyaml.safe_load((stage_dir / name).read_text())
         if doc["spec"]["resourceRef"]["kind"] == "Pod":
             delay = doc["spec"].get("delay")
             if delay:

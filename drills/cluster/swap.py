@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import yaml
 
 from ..core import config
 from ..core.names import plain_name
@@ -17,6 +16,7 @@ from ..core.wait import until
 from .errors import ClusterError, ClusterInputError
 from .snapshot import stamped_sha256
 from .startup import crds_served
+from ..core import fastyaml
 
 CONTROLLER = "rollouts-controller"
 STOP_GRACE_S = 20.0
@@ -29,7 +29,7 @@ def apply_crds(api, files: list[Path]) -> list[dict]:
     ext = client.ApiextensionsV1Api(api)
     out = []
     for f in files:
-        for doc in yaml.safe_load_all(Path(f).read_text()):
+        for doc in fastyaml.safe_load_all(Path(f).read_text()):
             if not doc or doc.get("kind") != "CustomResourceDefinition":
                 continue
             name = doc["metadata"]["name"]

@@ -18,6 +18,7 @@ import hashlib
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from ..core import fastyaml
 
 BACKWARD, MID, END = "backward-search", "mid-steps", "end-of-steps"
 LINES_UNKNOWN = "lines unknown"
@@ -157,9 +158,8 @@ def order_assertion(bm: BranchMap | None, later: str) -> str:
 # --- CRD schema --------------------------------------------------------------------------------------
 def crd_has_canary_field(crds_dir: Path, field: str) -> tuple[bool, str]:
     """Whether the Rollout CRD in ``crds_dir`` declares spec.strategy.canary.<field> (every served version)."""
-    import yaml
     for f in sorted(Path(crds_dir).glob("*.yaml")):
-        for doc in yaml.safe_load_all(f.read_text()):
+        for doc in fastyaml.safe_load_all(f.read_text()):
             if not doc or doc.get("kind") != "CustomResourceDefinition" or \
                     doc.get("metadata", {}).get("name") != "rollouts.argoproj.io":
                 continue

@@ -1,16 +1,16 @@
 """Applying rendered manifests to a cluster, as a GitOps sync does (server-side apply)."""
 from __future__ import annotations
 
-import yaml
 from ..kube.k8s import client, dynamic
 
 from ..core import config
+from ..core import fastyaml
 
 FIELD_MANAGER = "drills"
 
 
 def docs(text: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all(text) if d]
+    return [d for d in fastyaml.safe_load_all(text) if d]
 
 
 def apply(api: client.ApiClient, namespace: str, text: str, journal=None, dry_run: bool = False) -> list[dict]:

@@ -11,13 +11,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from ..kube.k8s import client
 
 from ..core import config
 from .. import routers
 from ..core.podtemplate import with_image
 from ..kube.rollout import Rollouts
+from ..core import fastyaml
 
 
 @dataclass
@@ -53,7 +53,7 @@ class RolloutSpec:
 
     @classmethod
     def from_fixture(cls, path: Path, **over) -> tuple["RolloutSpec", dict]:
-        fx = yaml.safe_load(Path(path).read_text())
+        fx = fastyaml.safe_load(Path(path).read_text())
         kw = dict(steps=fx["steps_before"], replicas=fx["replicas"], min_pods=fx["minPodsPerReplicaSet"],
                   rollback_window=fx["rollbackWindowRevisions"], scale_down_delay=fx["scaleDownDelaySeconds"],
                   hold_seconds=fx["hold_seconds"], batch_release=fx.get("batch_release", False),

@@ -28,6 +28,7 @@ from ..core import config
 from ..core.errors import BadInput
 from ..drill.kit import NO_EXPECTATION
 from ..record.ledger import PASS, UNVERIFIED, Ledger, describe_row
+from ..core import fastyaml
 
 EXPECTATIONS = "expectations.yaml"
 USER_BUILT = ("a user-built controller: its rows are observations, classified against a baseline release by "
@@ -89,7 +90,7 @@ def load_expectations(key: str, data_dir: Path | None = None) -> dict[str, dict]
     data folder, for a lane a package registers)."""
     path = (data_dir or config.fixtures_dir() / "lanes" / key) / EXPECTATIONS
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = fastyaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
         return {}
     except yaml.YAMLError as e:
@@ -145,7 +146,7 @@ class Runbook:
 
     def data(self, name: str) -> dict:
         path = self.data_dir() / name
-        return yaml.safe_load(path.read_text())
+        return fastyaml.safe_load(path.read_text())
 
     def expected(self, key: str, default=None):
         return self.expectations.get(key, default)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-import yaml
 
 from ..record import timeline
 from ..core.config import version_order
@@ -31,6 +30,7 @@ from ..core.wait import WaitTimeout, hold_for
 from .abort import LaneAbort
 from .abort_drill import SelfAbortDrill
 from .base import Runbook, step
+from ..core import fastyaml
 
 ESCAPES = ("retry", "promote", "promote-full", "undo")
 PROMOTE_WINDOW_S = 20.0      # evidence window after a plain promote: long enough for the controller to act on it
@@ -149,7 +149,7 @@ class LaneEscape(Runbook):
     @cached_property
     def fx(self) -> dict:
         """The self-abort drill's data (fixtures/lanes/abort/drill.yaml): the same Rollout, analysis and load."""
-        return yaml.safe_load((LaneAbort.data_dir() / "drill.yaml").read_text())
+        return fastyaml.safe_load((LaneAbort.data_dir() / "drill.yaml").read_text())
 
     @cached_property
     def observations(self) -> dict[str, dict]:

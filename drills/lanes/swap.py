@@ -41,6 +41,7 @@ from ..record.controller_log import SyncLog
 from .. import routers
 from ..record.ledger import FAIL, INCONCLUSIVE, PASS
 from .base import LaneContext, Runbook, StepFailed, step
+from ..core import fastyaml
 
 STATES = ("healthy", "paused", "timed-pause", "aborted", "rollback")
 STEPS = {
@@ -206,7 +207,7 @@ class LaneSwap(Runbook):
             with tempfile.TemporaryDirectory(prefix="drills-swap-") as tmp:
                 for app in fleet.apps(TEMPLATE_ENV):
                     r = render_app(fleet, app, base_dependency(fleet.chart_dir(app)).version, helm, tmp)
-                    objs = [o for o in yaml.safe_load_all(r.text) if o and o.get("kind") in TEMPLATE_KINDS]
+                    objs = [o for o in fastyaml.safe_load_all(r.text) if o and o.get("kind") in TEMPLATE_KINDS]
                     ro = next((o for o in objs if o["kind"] == "Rollout"), None)
                     if ro is None:
                         continue                  # a service deployed as a Deployment: nothing to swap under

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from ..core import config
+from ..core import config, fastyaml
 from ..record.answer import HAZARD, controller_label, declared, keyer, prevailing, strip_line_refs
 from ..lanes import REGISTRY
 from ..record.ledger import FAIL, INCONCLUSIVE, NOT_APPLICABLE, PASS, UNVERIFIED, VERDICTS, finite_number
@@ -103,7 +103,7 @@ _KEYS = {"lane", "step", "assertion", "direction", "tolerance", "danger"}
 def load_directions(path: Path | None = None) -> list[Declaration]:
     p = Path(path or directions_file())
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = fastyaml.safe_load(p.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         raise UpgradeInputError(f"{p}: cannot read the direction declarations: {e}")
     out = []

@@ -23,6 +23,7 @@ from ..charts.helm import Helm, HelmError
 from .model import ScanInputError
 from .readers import STDIN, ReadResult, display_path, manifest_paths, rollouts_of
 from .yamlstream import objects
+from ..core import fastyaml
 
 CHART_FILE = "Chart.yaml"
 _SOURCE = re.compile(r"^# Source: (.+?)\s*$")
@@ -46,7 +47,7 @@ def chart_root_of(path: Path) -> Path | None:
 
 def _chart(root: Path, only: str | None = None) -> ChartInput:
     try:
-        meta = yaml.safe_load((root / CHART_FILE).read_text()) or {}
+        meta = fastyaml.safe_load((root / CHART_FILE).read_text()) or {}
     except (OSError, yaml.YAMLError):
         meta = {}
     meta = meta if isinstance(meta, dict) else {}

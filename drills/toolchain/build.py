@@ -30,6 +30,7 @@ from .components import (
 from .stamps import (  # noqa: F401  (the names drills.toolchain and its users import from here)
     COMPILE_FLAGS, LINK_FLAGS, CorruptBinary, build_fingerprint, check_built, copy_build, go_platform, sha256_file
 )
+from ..core import fastyaml
 
 
 GO_COMMAND_TIMEOUT_S = 3600.0      # one go command of a build (the Kubernetes apiserver takes minutes, not hours)
@@ -388,7 +389,7 @@ class Toolchain:
 
     @staticmethod
     def _collect_istio(moddir: Path, dest: Path) -> None:
-        docs = yaml.safe_load_all((moddir / "kubernetes" / "customresourcedefinitions.gen.yaml").read_text())
+        docs = fastyaml.safe_load_all((moddir / "kubernetes" / "customresourcedefinitions.gen.yaml").read_text())
         want = ISTIO.crds
         picked = [d for d in docs if d and d.get("metadata", {}).get("name") in want]
         if len(picked) != len(want):

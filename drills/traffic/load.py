@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 
 from ..core import config
 from .load_target import LoadRefused, check_live_target, check_target  # noqa: F401  (also drills.traffic.load.*)
@@ -28,6 +27,7 @@ from ..record.ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NEUTRAL, PASS, UN
 from ..core.names import is_plain_name
 from ..core.procs import die_with_parent
 from ..core.wait import until
+from ..core import fastyaml
 
 MAX_USERS = 20
 MAX_TOTAL_RPS = 200.0          # two cores also run etcd, the apiserver, kcm, kwok and the controller
@@ -311,7 +311,7 @@ def phase_stats(records: list[dict], phases: dict[str, tuple[float, float]]) -> 
 # ---------------------------------------------------------------------------------------------------------
 def load_thresholds(path: Path | None = None) -> dict:
     p = Path(path) if path else config.fixtures_dir() / "load" / "thresholds.yaml"
-    return yaml.safe_load(p.read_text()) or {}
+    return fastyaml.safe_load(p.read_text()) or {}
 
 
 def threshold_for(thresholds: dict, lane: str, step: str, phase: str, metric: str) -> dict | None:

@@ -221,6 +221,6 @@ def _parse_fault_map(text: str | None) -> dict:
     try:
         data = json.loads(text)
     except ValueError:
-        import yaml
-        data = yaml.safe_load(text)
+        from ..core import fastyaml            # YAML only when the map is not JSON
+        data = fastyaml.safe_load(text)
     return {str(k): float(v) for k, v in (data or {}).items()}

@@ -1,0 +1,19 @@
+"""YAML read with PyYAML's safe loader, through libyaml when PyYAML was built with it (the same constructor and
+resolver, so the same objects; a Rollout CRD of ~1 MB parses about ten times faster than with the pure-Python
+scanner).  For files drills itself or a module it built wrote; a user's file goes through drills.core.inputs (its
+size and alias budget)."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import yaml
+
+SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def safe_load(text: str) -> Any:
+    return yaml.load(text, Loader=SafeLoader)
+
+
+def safe_load_all(text: str) -> Iterator[Any]:
+    return yaml.load_all(text, Loader=SafeLoader)
