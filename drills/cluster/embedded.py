@@ -82,7 +82,7 @@ class EmbeddedCluster(ClusterState):
         if not self.kubeconfig.exists():
             return None
         try:
-            from kubernetes import client
+            from ..kube.k8s import client
             items = client.CustomObjectsApi(self.api_client()).list_cluster_custom_object(
                 config.ARGO_GROUP, config.ARGO_VERSION, "rollouts", _request_timeout=5)["items"]
         except Exception:          # no answer, no CRD: nothing there can be proven to hold it
@@ -109,11 +109,11 @@ class EmbeddedCluster(ClusterState):
     def ensure_pod_room(self, pods: int) -> int:
         """Fake nodes enough for ``pods`` pods (a node holds what its allocatable says: 110 from kwokctl's node
         template), added, never removed; the node count."""
-        from kubernetes import client
-        from kubernetes.utils import parse_quantity
+        from ..kube.k8s import client
+        from ..kube.k8s import utils as kutils
         api = self.api_client()
         nodes = client.CoreV1Api(api).list_node().items
-        per = min((int(parse_quantity((n.status.allocatable or {}).get("pods", "110"))) for n in nodes), default=110)
+        per = min((int(kutils.parse_quantity((n.status.allocatable or {}).get("pods", "110"))) for n in nodes), default=110)
         want = max(NODES, -(-pods // max(1, per)))
         if want > len(nodes):
             self.log(f"cluster: {want} fake nodes for {pods} pods ({per} each)")
@@ -369,7 +369,7 @@ class EmbeddedCluster(ClusterState):
 
         The node Leases go first: a kwok controller takes a node (and its pods) only through its Lease, and
         a Lease held by the stopped one would keep the next one waiting until it expires (minutes)."""
-        from kubernetes import client
+        from ..kube.k8s import client
         kdir = self.kwok_dir
         pids = self.control_plane()
         for name in reversed(CONTROL_PLANE):
@@ -395,7 +395,7 @@ class EmbeddedCluster(ClusterState):
             raise ClusterError(str(e)) from None
 
     def _ensure_system_namespace(self, api):
-        from kubernetes import client
+        from ..kube.k8s import client
         core = client.CoreV1Api(api)
         core.create_namespace({"metadata": {"name": SENTINEL_NS}})
 

@@ -157,7 +157,7 @@ def kwokctl_configuration(tc, folder: Path, ports: list[int], api_port: int | No
 
 def install_crds(api, files: list[Path], wait) -> list[dict]:
     """Create the CRDs of ``files`` and wait until they are served; each one's name, group, version, plural."""
-    from kubernetes import client
+    from ..kube.k8s import client
     ext = client.ApiextensionsV1Api(api)
     crds = []
     for f in files:
@@ -181,8 +181,8 @@ def crds_served(api, crds: list[dict]) -> Callable[[], bool]:
     off for a second, so all are listed, side by side, as soon as the apiserver answers.  The controller
     probes the Istio CRDs once at its start (missing ones are looked for again only every 10 minutes): it
     must not start before this holds.  An apiserver not answering yet counts as not yet."""
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    from ..kube.k8s import client
+    from ..kube.k8s import ApiException
     from urllib3.exceptions import HTTPError
     co = client.CustomObjectsApi(api)
     pending = {c["name"]: c for c in crds}
@@ -218,8 +218,8 @@ def crds_served(api, crds: list[dict]) -> Callable[[], bool]:
 def polling_client(kubeconfig: Path):
     """An API client for polling a starting apiserver, once the kubeconfig is complete (else None).  It does
     not retry by itself: urllib3 would sleep out a starting apiserver's Retry-After inside one call."""
-    from kubernetes import client
-    from kubernetes import config as kconfig
+    from ..kube.k8s import client
+    from ..kube.k8s import config as kconfig
     try:
         cfg = client.Configuration()
         kconfig.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
@@ -232,7 +232,7 @@ def polling_client(kubeconfig: Path):
 def create_sentinel(api) -> None:
     """The Rollout whose status, written by this cluster's controller, proves it reconciles (never in a
     snapshot: a snapshot is taken before any controller ran)."""
-    from kubernetes import client
+    from ..kube.k8s import client
     body = {
         "apiVersion": config.ARGO_API_VERSION, "kind": "Rollout",
         "metadata": {"name": SENTINEL, "namespace": SENTINEL_NS},
@@ -246,14 +246,14 @@ def create_sentinel(api) -> None:
 
 
 def sentinel_reconciled(api) -> bool:
-    from kubernetes import client
+    from ..kube.k8s import client
     obj = client.CustomObjectsApi(api).get_namespaced_custom_object(config.ARGO_GROUP, config.ARGO_VERSION, SENTINEL_NS,
                                                                     "rollouts", SENTINEL)
     return bool((obj.get("status") or {}).get("observedGeneration"))
 
 
 def nodes_ready(api, count: int) -> bool:
-    from kubernetes import client
+    from ..kube.k8s import client
     nodes = client.CoreV1Api(api).list_node().items
     return len(nodes) >= count and all(
         any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or [])) for n in nodes)

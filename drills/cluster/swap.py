@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-
 from ..core import config
 from ..core.names import plain_name
 from ..core.procs import pid_alive, terminate_proven
@@ -24,8 +23,8 @@ STOP_GRACE_S = 20.0
 
 def apply_crds(api, files: list[Path]) -> list[dict]:
     """Each CRD of ``files`` replaced (or created): what ``kubectl apply`` of a chart's crds/ leaves."""
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    from ..kube.k8s import client
+    from ..kube.k8s import ApiException
     ext = client.ApiextensionsV1Api(api)
     out = []
     for f in files:

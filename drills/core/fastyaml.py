@@ -1,7 +1,8 @@
 """YAML read with PyYAML's safe loader, through libyaml when PyYAML was built with it (the same constructor and
 resolver, so the same objects; a Rollout CRD of ~1 MB parses about ten times faster than with the pure-Python
-scanner).  For files drills itself or a module it built wrote; a user's file goes through drills.core.inputs (its
-size and alias budget)."""
+scanner).  For the files these call sites read (CRDs, stages, kubeconfigs and data that drills or a module it built
+wrote; a chart's Chart.yaml, a --crds folder), as PyYAML's safe loader read them before: the budgeted reader of user
+input (size, depth, aliases) is drills.core.inputs."""
 from __future__ import annotations
 
 from typing import Any, Iterator

@@ -40,6 +40,8 @@ class LazyModule:
 
 client = LazyModule("kubernetes.client")
 dynamic = LazyModule("kubernetes.dynamic")
+config = LazyModule("kubernetes.config")
+utils = LazyModule("kubernetes.utils")
 
 
 def __getattr__(name: str):

@@ -27,7 +27,7 @@ MAX_INIT_BYTES = 4 << 20            # models/__init__.py is ~80 KiB; anything fa
 _FROM = re.compile(r"from\s+([\w.]+)\s+import\s+(\w+)")
 _ASSIGN = re.compile(r"(__\w+__)\s*=\s*(['\"])([^'\"]*)\2")
 _lock = threading.Lock()
-_done = False
+_state: bool | None = None       # decided: served lazily (True) or left as it is (False)
 
 
 def _parse(init: Path, package: str) -> tuple[dict, dict] | None:
@@ -36,7 +36,7 @@ def _parse(init: Path, package: str) -> tuple[dict, dict] | None:
     try:
         if init.stat().st_size > MAX_INIT_BYTES:
             return None
-        text = init.read_text()
+        text = init.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
     text = re.sub(r'"""(?:.|\n)*?"""', "", text)
@@ -62,6 +62,16 @@ def _parse(init: Path, package: str) -> tuple[dict, dict] | None:
     return names, consts
 
 
+def _submodules(folder: Path) -> list[str]:
+    """The public modules and subpackages in a package folder (``rest``, ``api``, ``v1_pod`` ...)."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    return sorted(e.stem if e.suffix == ".py" else e.name for e in entries
+                  if not e.name.startswith("_") and (e.suffix == ".py" or (e / "__init__.py").is_file()))
+
+
 def _lazy_package(name: str, folder: Path, names: dict, consts: dict) -> types.ModuleType:
     spec = importlib.machinery.ModuleSpec(name, None, origin=str(folder / "__init__.py"), is_package=True)
     spec.submodule_search_locations = [str(folder)]
@@ -70,27 +80,42 @@ def _lazy_package(name: str, folder: Path, names: dict, consts: dict) -> types.M
 
     def __getattr__(attr: str):
         module = names.get(attr)
-        if module is None:
-            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
-        if module == f"{name}.{attr}":
+        if attr == "__all__":
+            # what `from PACKAGE import *` gives: every name, and the submodules the real package's own imports load
+            # (never one of its deprecated ones, such as kubernetes.client.apis, that only a direct import loads)
+            below = {m[len(name) + 1:].split(".")[0] for m in set(names.values()) | set(sys.modules)
+                     if m.startswith(name + ".")}
+            value = sorted(set(names) | below)
+        elif module is None:
+            # a submodule read as an attribute (client.rest, models.v1_pod): the real package has imported it
+            if attr.startswith("_") or attr not in _submodules(folder):
+                raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+            value = importlib.import_module(f"{name}.{attr}")
+        elif module == f"{name}.{attr}":
             value = importlib.import_module(module)        # a subpackage (kubernetes.client, .config, ...)
         else:
             value = getattr(importlib.import_module(module), attr)
         setattr(mod, attr, value)
         return value
 
-    vars(mod).update(consts, __all__=sorted(names), __getattr__=__getattr__,
+    vars(mod).update(consts, __getattr__=__getattr__,
                      __dir__=lambda: sorted(set(names) | set(vars(mod))))
     return mod
 
 
+def _client_imported() -> bool:
+    return any(p == "kubernetes" or p.startswith("kubernetes.") for p in tuple(sys.modules))
+
+
 def install() -> bool:
-    """Serve the client's packages lazily in this process; True when they are (now or already) served so."""
-    global _done
+    """Serve the client's packages lazily in this process; True when they are (now or already) served so.  Decided
+    once per process: a refusal is remembered."""
+    global _state
     with _lock:
-        if _done:
-            return True
-        if any(p == "kubernetes" or p.startswith("kubernetes.") for p in sys.modules):
+        if _state is not None:
+            return _state
+        _state = False
+        if _client_imported():
             return False                    # imported already (by drills or by the code drills runs in)
         spec = importlib.util.find_spec("kubernetes")
         if spec is None or not spec.submodule_search_locations:
@@ -103,10 +128,14 @@ def install() -> bool:
             if parsed is None:
                 return False
             made.append(_lazy_package(package, folder, *parsed))
-        for mod in made:
-            sys.modules[mod.__name__] = mod
+        # a real import another thread began meanwhile keeps its modules: ours are then taken back, all of them
+        placed = [m for m in made if sys.modules.setdefault(m.__name__, m) is m]
+        if len(placed) != len(made):
+            for m in placed:
+                sys.modules.pop(m.__name__, None)
+            return False
         for mod in made[1:]:                                # kubernetes.client, kubernetes.client.api, ...
             parent, _, leaf = mod.__name__.rpartition(".")
             setattr(sys.modules[parent], leaf, mod)
-        _done = True
+        _state = True
         return True

@@ -19,7 +19,6 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-
 from ..record import timeline
 from ..core.config import version_order
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name

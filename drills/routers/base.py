@@ -113,7 +113,7 @@ def service_manifest(name: str, namespace: str, labels: dict) -> dict:
 def services_watch(namespace: str) -> Watch:
     """The mesh emulator's watch of the namespace's Services (a host route's pods are its Service's)."""
     def call(api):
-        from kubernetes import client        # imported when used: the command line needs none
+        from ..kube.k8s import client        # imported when used: the command line needs none
         return client.CoreV1Api(api).list_namespaced_service, (namespace,), {}
     return Watch("services", call)
 

@@ -235,7 +235,7 @@ class Istio(TrafficRouter):
         return _manifests(spec, namespace, labels, canary)
 
     def create(self, api, namespace, obj):
-        from kubernetes import client        # imported when used: the command line needs none
+        from ..kube.k8s import client        # imported when used: the command line needs none
         plural = {"VirtualService": "virtualservices", "DestinationRule": "destinationrules"}[obj["kind"]]
         client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, namespace, plural, obj)
 
@@ -247,7 +247,7 @@ class Istio(TrafficRouter):
                 "destinationRule": istio.get("destinationRule")}
 
     def sources(self, api, namespace):
-        from kubernetes import client        # imported when used: the command line needs none
+        from ..kube.k8s import client        # imported when used: the command line needs none
         co = client.CustomObjectsApi(api)
         return [Source(self.route_kind, co.list_namespaced_custom_object,
                        (GROUP, VERSION, namespace, "virtualservices"), condense_virtualservice),
@@ -263,7 +263,7 @@ class Istio(TrafficRouter):
         return canary_weight_of(vs, rollout) if vs else (None, None)
 
     def watches(self, namespace, name):
-        from kubernetes import client        # imported when used: the command line needs none
+        from ..kube.k8s import client        # imported when used: the command line needs none
         def custom(plural):
             return lambda api: (client.CustomObjectsApi(api).list_namespaced_custom_object,
                                 (GROUP, VERSION, namespace, plural), {"field_selector": f"metadata.name={name}"})

@@ -158,7 +158,7 @@ class Nginx(TrafficRouter):
         return _manifests(spec, namespace, labels, canary)
 
     def create(self, api, namespace, obj):
-        from kubernetes import client        # imported when used: the command line needs none
+        from ..kube.k8s import client        # imported when used: the command line needs none
         client.NetworkingV1Api(api).create_namespaced_ingress(namespace, obj)
 
     def rollout_fields(self, name, canary):
@@ -170,7 +170,7 @@ class Nginx(TrafficRouter):
                 "annotationPrefix": nginx.get("annotationPrefix") or DEFAULT_PREFIX}
 
     def sources(self, api, namespace):
-        from kubernetes import client        # imported when used: the command line needs none
+        from ..kube.k8s import client        # imported when used: the command line needs none
         return [Source(self.route_kind, client.NetworkingV1Api(api).list_namespaced_ingress, (namespace,),
                        condense_ingress)]
 
@@ -190,7 +190,7 @@ class Nginx(TrafficRouter):
         return None, None
 
     def watches(self, namespace, name):
-        from kubernetes import client        # imported when used: the command line needs none
+        from ..kube.k8s import client        # imported when used: the command line needs none
         return [Watch("ingresses", lambda api: (client.NetworkingV1Api(api).list_namespaced_ingress, (namespace,), {})),
                 services_watch(namespace)]
 

@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from ..core import config
 from .load_target import LoadRefused, check_live_target, check_target  # noqa: F401  (also drills.traffic.load.*)
 from ..record.ledger import FAIL, HAZARD, HOLDS, INCONCLUSIVE, NEUTRAL, PASS, UNVERIFIED
