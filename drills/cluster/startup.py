@@ -24,14 +24,13 @@ from typing import Callable
 
 import yaml
 
-from ..core import config
+from ..core import config, fastyaml
 from .. import routers
 from .stages import load_stages
 
 RANGE = (20000, 32000)
 SENTINEL_NS = "drills-system"
 SENTINEL = "drills-sentinel"
-_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _bindable(port: int) -> bool:
@@ -161,7 +160,7 @@ def install_crds(api, files: list[Path], wait) -> list[dict]:
     ext = client.ApiextensionsV1Api(api)
     crds = []
     for f in files:
-        for doc in yaml.load_all(Path(f).read_text(), Loader=_YamlLoader):
+        for doc in fastyaml.safe_load_all(Path(f).read_text()):
             if not doc or doc.get("kind") != "CustomResourceDefinition":
                 continue
             ext.create_custom_resource_definition(doc)

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from ..core import config
+from ..core import config, fastyaml
 from .model import ScanInputError, ScannedRollout, from_object
 
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 CRD_FILE = "rollout-crd.yaml"
 _NOT_CHECKED = {("apiVersion",), ("kind",), ("metadata",), ("status",), ("spec", "template")}
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
@@ -172,7 +171,7 @@ def crd_dir(version: str, source: str | None = None) -> Path:
 @lru_cache(maxsize=None)
 def _load(path: str, mtime: int, version: str) -> RolloutSchema:
     try:
-        doc = yaml.load(Path(path).read_text(), Loader=_LOADER)
+        doc = fastyaml.safe_load(Path(path).read_text())
         entry = next(v for v in doc["spec"]["versions"] if v.get("name") == "v1alpha1")
         schema = entry["schema"]["openAPIV3Schema"]
     except (OSError, yaml.YAMLError, KeyError, TypeError, StopIteration) as e:
