@@ -116,3 +116,46 @@ def test_an_error_in_a_fleet_scan_kills_the_helm_children_its_workers_wait_for()
         FleetScan._each(types.SimpleNamespace(workers=2), fn, ["fails", "sleeps"])
     assert len(started) == 1 and not pid_alive(started[0])
     assert not procs._running
+
+
+def test_a_signal_that_comes_while_the_child_starts_still_kills_its_group(tmp_path):
+    """The signal lands while the parent is still inside Popen (a loaded machine: the child has already run and
+    forked): run_bounded raises it once the child is recorded, and the child's whole group is gone."""
+    import json
+    import sys
+    import textwrap
+    pids = tmp_path / "pids"
+    binary = tmp_path / "hang"
+    binary.write_text(f"#!/bin/sh\necho $$ >> {pids}\nsleep 600 &\necho $! >> {pids}\nwait\n")
+    binary.chmod(0o755)
+    code = textwrap.dedent(f"""
+        import json, os, signal, subprocess, time
+        from pathlib import Path
+        from drills.core import procs
+        from drills.core.signals import Interrupted, SignalGuard
+        real = subprocess.Popen
+
+        class SlowParent(real):          # the signal comes before Popen has returned to run_bounded
+            def __init__(self, *a, **k):
+                super().__init__(*a, **k)
+                while len(Path({str(pids)!r}).read_text().split()) < 2 if Path({str(pids)!r}).exists() else True:
+                    time.sleep(0.01)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+
+        subprocess.Popen = SlowParent
+        raised = None
+        with SignalGuard():
+            try:
+                procs.run_bounded([{str(binary)!r}], timeout=60)
+            except Interrupted as e:
+                raised = type(e).__name__
+        started = [int(x) for x in Path({str(pids)!r}).read_text().split()]
+        print(json.dumps({{"raised": raised, "started": started}}))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["raised"] == "Interrupted" and len(out["started"]) == 2, out
+    until("every process the child started to be gone", lambda: not any(pid_alive(p) for p in out["started"]),
+          timeout=30)

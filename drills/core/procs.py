@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from .signals import held
 from .wait import WaitTimeout, until
 
 
@@ -275,15 +276,20 @@ def run_bounded(cmd: list[str], timeout: float, env: dict | None = None, cwd: st
     signal it), dying with its parent.  On a timeout or any exception while it runs (a signal included) its whole
     group is killed and reaped before the exception goes on: nothing it started is left behind.  TimeoutExpired
     propagates; the output is text."""
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                            start_new_session=True, preexec_fn=die_with_parent)
-    with _running_lock:
-        _running[proc] = threading.get_ident()
+    proc = None
     try:
+        # a signal while the child starts comes once it is recorded (a slow parent can still be inside Popen while
+        # the child has run and forked): its group is then killed with it, never left running unknown
+        with held():
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                                    start_new_session=True, preexec_fn=die_with_parent)
+            with _running_lock:
+                _running[proc] = threading.get_ident()
         out, err = proc.communicate(input, timeout=timeout)
     except BaseException:
-        kill_group(proc)
+        if proc is not None:
+            kill_group(proc)
         raise
     finally:
         with _running_lock:
