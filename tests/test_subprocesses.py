@@ -129,19 +129,20 @@ def test_a_signal_that_comes_while_the_child_starts_still_kills_its_group(tmp_pa
     binary.write_text(f"#!/bin/sh\necho $$ >> {pids}\nsleep 600 &\necho $! >> {pids}\nwait\n")
     binary.chmod(0o755)
     code = textwrap.dedent(f"""
-        import json, os, signal, subprocess, time
+        import json, os, signal, subprocess
         from pathlib import Path
         from drills.core import procs
         from drills.core.signals import Interrupted, SignalGuard
+        from drills.core.wait import until
         real = subprocess.Popen
+        pids = Path({str(pids)!r})
 
         class SlowParent(real):          # the signal comes before Popen has returned to run_bounded
             def __init__(self, *a, **k):
                 super().__init__(*a, **k)
-                while len(Path({str(pids)!r}).read_text().split()) < 2 if Path({str(pids)!r}).exists() else True:
-                    time.sleep(0.01)
-                os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(0.2)
+                until("the child and the process it forked to be started",
+                      lambda: pids.exists() and len(pids.read_text().split()) == 2, timeout=60)
+                os.kill(os.getpid(), signal.SIGINT)      # its handler runs here, before __init__ returns
 
         subprocess.Popen = SlowParent
         raised = None
