@@ -344,12 +344,33 @@ FIRST_FILES = ("tests/test_lanes.py",)      # the drills themselves: the longest
 # the files that need Prometheus (promtool), the component a cold session builds last: handed out last, so that no
 # worker waits for that build while the other files could run
 LAST_FILES = ("tests/test_alerts.py", "tests/test_mesh_cluster.py")
-# the longest files of their group (seconds of tests on a warm six-worker run: 496, 479, 413, 287, 282, 258, 254,
-# 236, 231), handed out first within it: a worker takes each beside the shorter ones instead of alone at the end
-LONG_FILES = ("tests/test_install.py", "tests/test_probe.py", "tests/test_branch_order.py",
-              "tests/faults/test_fault_control_plane.py", "tests/faults/test_fault_api.py",
-              "tests/faults/test_fault_signals.py", "tests/faults/test_fault_sigkill.py", "tests/test_user_built.py",
-              "tests/faults/test_fault_apiserver.py")
+# the longest files of their group, longest first (seconds of tests on a warm eight-worker run), handed out first within
+# it: a worker takes each beside the shorter ones instead of alone at the end, and the last files handed out are short
+LONG_FILES = ("tests/test_branch_order.py",                 # 372
+              "tests/test_probe.py",                        # 367 (and 131 on the second version)
+              "tests/test_user_built.py",                   # 363
+              "tests/faults/test_fault_control_plane.py",   # 311
+              "tests/faults/test_fault_api.py",             # 289
+              "tests/faults/test_fault_signals.py",         # 258
+              "tests/test_install.py",                      # 256
+              "tests/faults/test_fault_sigkill.py",         # 233
+              "tests/faults/test_fault_apiserver.py",       # 223
+              "tests/test_scan_verify.py",                  # 219
+              "tests/test_live_safety.py",                  # 178
+              "tests/faults/test_fault_cancel.py",          # 158
+              "tests/test_safety.py",                       # 146
+              "tests/test_containerfile.py",                # 137
+              "tests/test_swap.py",                         # 133
+              "tests/test_routers_cluster.py",              # 119
+              "tests/faults/test_fault_disk.py",            # 108
+              "tests/test_load.py",                         # 106
+              "tests/test_scan_steps.py",                   # 101
+              "tests/test_live_runbook.py",                 # 97
+              "tests/test_snapshot.py",                     # 94
+              "tests/faults/test_fault_mesh.py",            # 91
+              "tests/faults/test_fault_load.py",            # 90
+              "tests/test_output_paths.py",                 # 82
+              "tests/test_runner.py")                       # 76
 CLUSTER_FIXTURES = ("cluster", "drills_cluster")     # every fixture that needs the embedded cluster requests one
 TOOLCHAIN_MARKS = ("Toolchain(", "EmbeddedCluster(", "components_for(", "ensure_binary(", '"probe"', '"up"')
 # a file that renders charts (fleet scans, chart folders, render-diff) runs helm: its tests wait for helm's build
