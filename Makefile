@@ -4,11 +4,11 @@
 PYTHON ?= python3
 TEST_CONTROLLERS ?= v1.8.2,v1.10.2
 # pytest-xdist workers for the framework's own tests (each with an embedded cluster of its own); the drills
-# themselves run in one of them, their legs in parallel (drills run's default -j)
-# (six: 26.0 min warm on two cores, 86 % of the cores busy, against 30.7 with four at 65 %: the tests mostly wait on
-# the drills, and more of them side by side keep the cores busy; from empty caches 45.3 and 49.4 min with six, 96 %
-# busy, against 50.8 with four)
-TEST_WORKERS ?= 6
+# themselves run in one of them, eight legs side by side (tests/test_lanes.py)
+# (eight: 14.3 min warm on two cores, 85 % of the cores busy, against 17.9 with six at 62 %: the tests mostly wait on
+# the controllers and on holds, and more of them side by side keep the cores busy; ten: 15.4 min at 85 %, where the
+# cores are the limit; about 14 GiB of memory at the busiest with eight; set TEST_WORKERS lower on a smaller machine)
+TEST_WORKERS ?= 8
 # more pytest arguments for the tests (e.g. --junitxml=FILE); the drills' own pytest runs never see them
 PYTEST_ARGS ?=
 
