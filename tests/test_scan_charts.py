@@ -127,3 +127,33 @@ def test_a_chart_helm_cannot_render_is_a_finding_and_the_scan_goes_on(tmp_path):
     assert "helm template failed" in bad["repo/broken/Chart.yaml"]["problem"]
     assert bad["repo/badtpl/templates/rollout.yaml"]["line"] == _line(ROLLOUT_TPL, "{{ .Values.final }}")
     assert sum(ln.startswith("drills: cannot read repo/") for ln in r.stderr.splitlines()) == 2, r.stderr
+
+
+# --- a chart's own files are the user's input: read under drills.core.inputs' budget ------------------------------
+def _chart_with(tmp_path: Path, text: str) -> Path:
+    root = tmp_path / "chart"
+    (root / "templates").mkdir(parents=True)
+    (root / "Chart.yaml").write_text(text)
+    return root
+
+
+def test_a_chart_yaml_past_the_size_budget_is_not_read(tmp_path, monkeypatch):
+    from drills.core import inputs
+    from drills.scan.charts import _chart
+    small = _chart_with(tmp_path / "a", "apiVersion: v2\nname: small\nversion: 0.1.0\n")
+    assert _chart(small).release == "small"
+    monkeypatch.setattr(inputs, "FILE_BYTES", 1024)
+    big = _chart_with(tmp_path / "b", "apiVersion: v2\nname: big\nversion: 0.1.0\n" + "# padding\n" * 200)
+    # refused unread: its name is not taken, helm renders it under the default release name and says what is wrong
+    assert _chart(big).release == "release-name"
+    assert _chart(small).release == "small"
+
+
+def test_a_chart_yaml_nested_past_the_depth_budget_is_refused(tmp_path):
+    from drills.core import inputs
+    from drills.scan.charts import _chart
+    deep = "a: " + "[" * (inputs.MAX_DEPTH + 5) + "]" * (inputs.MAX_DEPTH + 5) + "\n"
+    root = _chart_with(tmp_path, "apiVersion: v2\nname: deep\nversion: 0.1.0\n" + deep)
+    assert _chart(root).release == "release-name"
+    ok = _chart_with(tmp_path / "ok", "apiVersion: v2\nname: shallow\nversion: 0.1.0\na: [[1]]\n")
+    assert _chart(ok).release == "shallow"

@@ -17,13 +17,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from ..charts.helm import Helm, HelmError
 from .model import ScanInputError
 from .readers import STDIN, ReadResult, display_path, manifest_paths, rollouts_of
 from .yamlstream import objects
-from ..core import fastyaml
+from ..core import inputs
 
 CHART_FILE = "Chart.yaml"
 _SOURCE = re.compile(r"^# Source: (.+?)\s*$")
@@ -46,9 +44,9 @@ def chart_root_of(path: Path) -> Path | None:
 
 
 def _chart(root: Path, only: str | None = None) -> ChartInput:
-    try:
-        meta = fastyaml.safe_load((root / CHART_FILE).read_text()) or {}
-    except (OSError, yaml.YAMLError):
+    try:        # the user's file: read under the input budget (size, depth, aliases); helm then says what is wrong
+        meta = inputs.load_yaml_file(root / CHART_FILE, inputs.FILE_BYTES, CHART_FILE) or {}
+    except (OSError, inputs.InputError):
         meta = {}
     meta = meta if isinstance(meta, dict) else {}
     name = str(meta.get("name") or "")
@@ -125,9 +123,9 @@ def line_map(render: str, root: Path) -> dict[int, tuple[str, int | None]]:
         hit = None
         if f is not None and text.strip() and text.strip() != "---":
             if f not in texts:
-                try:
-                    texts[f] = f.read_text().splitlines()
-                except (OSError, UnicodeDecodeError):
+                try:        # a template of the user's chart: under the input budget, else its lines stay unknown
+                    texts[f] = inputs.read_text(f, inputs.FILE_BYTES, "chart template").splitlines()
+                except (OSError, inputs.InputError):
                     texts[f] = []
             lines = texts[f]
             want = text.rstrip()
