@@ -4,11 +4,14 @@
 PYTHON ?= python3
 TEST_CONTROLLERS ?= v1.8.2,v1.10.2
 # pytest-xdist workers for the framework's own tests (each with an embedded cluster of its own); the drills
-# themselves run in one of them, eight legs side by side (tests/test_lanes.py)
-# (eight: 14.3 min warm on two cores, 85 % of the cores busy, against 17.9 with six at 62 %: the tests mostly wait on
-# the controllers and on holds, and more of them side by side keep the cores busy; ten: 15.4 min at 85 %, where the
-# cores are the limit; about 14 GiB of memory at the busiest with eight; set TEST_WORKERS lower on a smaller machine)
+# themselves run in one of them, TEST_LANE_JOBS legs side by side (tests/test_lanes.py)
+# (warm on two cores, 970 tests: 17.9 min with six workers and four legs at a time, 62 % of the cores busy: the tests
+# mostly wait on the controllers and on holds; 15.5 with eight workers and eight legs (75 %); 14.3 with the longest
+# files handed out first as well (85 %); ten workers 15.4 (85 %: the cores are the limit).  Eight workers and eight
+# legs held about 14 GiB of memory at the busiest: on a smaller machine set both lower, e.g. TEST_WORKERS=4
+# TEST_LANE_JOBS=4)
 TEST_WORKERS ?= 8
+TEST_LANE_JOBS ?= 8
 # more pytest arguments for the tests (e.g. --junitxml=FILE); the drills' own pytest runs never see them
 PYTEST_ARGS ?=
 
@@ -39,5 +42,5 @@ test: install
 	tmp=; prefix="$${PYTHONPYCACHEPREFIX:-}"; \
 	if [ -z "$$prefix" ]; then tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/drills-pycache.XXXXXX") && prefix="$$tmp"; fi; \
 	trap '[ -z "$$tmp" ] || rm -rf "$$tmp"' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; \
-	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX="$$prefix" \
+	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX="$$prefix" DRILLS_TEST_LANE_JOBS=$(TEST_LANE_JOBS) \
 	$(PYTHON) -m pytest -p no:locust -q -rfE -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --controller $(TEST_CONTROLLERS) $(PYTEST_ARGS) tests
