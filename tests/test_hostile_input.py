@@ -126,6 +126,20 @@ def test_a_cycle_and_undefined_aliases_are_bad_input_and_merge_keys_read_as_yaml
     assert got == want and got["replicas"] == 3 and got["strategy"]["canary"]["maxSurge"] == 5
 
 
+@pytest.mark.parametrize("value", ["2024-02-30", "2024-13-45", "!!int abc", "!!float abc", "!!bool maybe",
+                                   "!!timestamp hello", "9" * 5000])
+def test_a_value_the_safe_constructors_cannot_make_is_bad_input_naming_the_file(value):
+    # PyYAML's constructors raise ValueError, KeyError or AttributeError on these; a reader of user input says
+    # "not valid YAML" with the file (exit 2), never a traceback
+    with pytest.raises(inputs.InputError, match=r"v\.yaml: not valid YAML: a value cannot be read"):
+        inputs.load_all(f"a: {value}\n", "v.yaml")
+    node = inputs.compose_all(f"a: {value}\n", "v.yaml")[0]
+    with pytest.raises(inputs.InputError, match="not valid YAML"):
+        inputs.construct(node, "v.yaml")
+    assert inputs.load_all("a: 2024-02-29\nb: !!int 7\n", "v.yaml") == [{"a": __import__("datetime").date(2024, 2, 29),
+                                                                         "b": 7}]
+
+
 # --- every other reader of user input -----------------------------------------------------------------------------
 def _kubeconfig(path: Path, server: str = "http://127.0.0.1:9") -> Path:
     path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "stage",

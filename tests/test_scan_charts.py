@@ -157,3 +157,21 @@ def test_a_chart_yaml_nested_past_the_depth_budget_is_refused(tmp_path):
     assert _chart(root).release == "release-name"
     ok = _chart_with(tmp_path / "ok", "apiVersion: v2\nname: shallow\nversion: 0.1.0\na: [[1]]\n")
     assert _chart(ok).release == "shallow"
+
+
+def test_a_chart_yaml_with_a_value_yaml_cannot_make_is_not_a_crash(tmp_path):
+    from drills.scan.charts import _chart
+    for i, value in enumerate(["2024-02-30", "!!bool maybe"]):
+        root = _chart_with(tmp_path / str(i), f"apiVersion: v2\nname: odd\nversion: 0.1.0\nannotations: {{released: {value}}}\n")
+        assert _chart(root).release == "release-name"
+
+
+def test_a_chart_template_past_the_size_budget_leaves_its_lines_unknown(tmp_path, monkeypatch):
+    from drills.core import inputs
+    from drills.scan.charts import line_map
+    root = _chart_with(tmp_path, "apiVersion: v2\nname: c\nversion: 0.1.0\n")
+    (root / "templates" / "ro.yaml").write_text("kind: Rollout\nmetadata:\n  name: svc\n" + "# pad\n" * 300)
+    rendered = "---\n# Source: c/templates/ro.yaml\nkind: Rollout\nmetadata:\n  name: svc\n"
+    assert [line for _, line in line_map(rendered, root).values()] == [1, 2, 3]
+    monkeypatch.setattr(inputs, "FILE_BYTES", 512)          # the template is past it: read no more, lines unknown
+    assert [line for _, line in line_map(rendered, root).values()] == [None, None, None]

@@ -190,6 +190,15 @@ else:                                                    # pragma: no cover - Py
             self._budget_init(path)
 
 
+# what PyYAML's safe constructors raise on a scalar they cannot make (``2024-02-30``, ``!!int abc``,
+# ``!!bool maybe``, ``!!timestamp hello``, an integer past Python's digit limit): bad input, as a YAML error is
+CONSTRUCT_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OverflowError)
+
+
+def _construct_error(e: Exception, path) -> InputError:
+    return InputError(f"not valid YAML: a value cannot be read ({type(e).__name__}: {str(e)[:120]})", path)
+
+
 def _loader(text: str, path) -> "_Loader":
     return _Loader(text, path)
 
@@ -219,6 +228,8 @@ def construct(node: yaml.Node, path: str | Path | None = None):
         return loader.construct_document(node)
     except yaml.YAMLError as e:
         raise yaml_error(e, path) from None
+    except CONSTRUCT_ERRORS as e:
+        raise _construct_error(e, path) from None
     finally:
         loader.dispose()
 
@@ -235,6 +246,8 @@ def load_all(text: str, path: str | Path | None = None) -> list:
         raise yaml_error(e, path) from None
     except RecursionError:
         raise InputError(f"nested too deep to read (budget {MAX_DEPTH} levels): refused", path) from None
+    except CONSTRUCT_ERRORS as e:
+        raise _construct_error(e, path) from None
     finally:
         loader.dispose()
 

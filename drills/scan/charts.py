@@ -21,7 +21,7 @@ from ..charts.helm import Helm, HelmError
 from .model import ScanInputError
 from .readers import STDIN, ReadResult, display_path, manifest_paths, rollouts_of
 from .yamlstream import objects
-from ..core import inputs
+from ..core import inputs as budget     # the reader of user input (the name `inputs` is split's)
 
 CHART_FILE = "Chart.yaml"
 _SOURCE = re.compile(r"^# Source: (.+?)\s*$")
@@ -45,8 +45,8 @@ def chart_root_of(path: Path) -> Path | None:
 
 def _chart(root: Path, only: str | None = None) -> ChartInput:
     try:        # the user's file: read under the input budget (size, depth, aliases); helm then says what is wrong
-        meta = inputs.load_yaml_file(root / CHART_FILE, inputs.FILE_BYTES, CHART_FILE) or {}
-    except (OSError, inputs.InputError):
+        meta = budget.load_yaml_file(root / CHART_FILE, budget.FILE_BYTES, CHART_FILE) or {}
+    except (OSError, budget.InputError):
         meta = {}
     meta = meta if isinstance(meta, dict) else {}
     name = str(meta.get("name") or "")
@@ -124,8 +124,8 @@ def line_map(render: str, root: Path) -> dict[int, tuple[str, int | None]]:
         if f is not None and text.strip() and text.strip() != "---":
             if f not in texts:
                 try:        # a template of the user's chart: under the input budget, else its lines stay unknown
-                    texts[f] = inputs.read_text(f, inputs.FILE_BYTES, "chart template").splitlines()
-                except (OSError, inputs.InputError):
+                    texts[f] = budget.read_text(f, budget.FILE_BYTES, "chart template").splitlines()
+                except (OSError, budget.InputError):
                     texts[f] = []
             lines = texts[f]
             want = text.rstrip()

@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
-from ..core import config, fastyaml
+from ..core import config, inputs
 from .model import ScanInputError, ScannedRollout, from_object
 
 CRD_FILE = "rollout-crd.yaml"
@@ -171,10 +169,11 @@ def crd_dir(version: str, source: str | None = None) -> Path:
 @lru_cache(maxsize=None)
 def _load(path: str, mtime: int, version: str) -> RolloutSchema:
     try:
-        doc = fastyaml.safe_load(Path(path).read_text())
+        # a --source tree's CRD is the user's file: read under the input budget (size, depth, aliases)
+        doc = inputs.load_one(inputs.read_text(path, inputs.FILE_BYTES, "Rollout CRD"), path, "Rollout CRD")
         entry = next(v for v in doc["spec"]["versions"] if v.get("name") == "v1alpha1")
         schema = entry["schema"]["openAPIV3Schema"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError, StopIteration) as e:
+    except (OSError, inputs.InputError, KeyError, TypeError, StopIteration) as e:
         raise SchemaUnavailable(f"{path}: no v1alpha1 Rollout schema ({type(e).__name__})") from None
     return RolloutSchema(version, schema, path)
 
