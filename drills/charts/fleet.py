@@ -245,7 +245,7 @@ def set_base_dependency(chart_dir: Path | str, version: str | None = None, repos
     for key, value in (("version", version), ("repository", repository)):
         if value is None:
             continue
-        text = chart_yaml.read_text()
+        text = _text(chart_yaml, "Chart.yaml")
         node = _child(_base_dep_nodes(chart_yaml), key)
         rendered = json.dumps(value) if node.style in ('"', "'") or key == "repository" else value
         text = text[:node.start_mark.index] + rendered + text[node.end_mark.index:]
@@ -308,7 +308,7 @@ class Workspace:
         copy_tree(fleet.root, dest)
         self.fleet = Fleet(dest, fleet.apps_dir)
         for chart_yaml in Path(dest).rglob("Chart.yaml"):
-            text = chart_yaml.read_text()
+            text = _text(chart_yaml, "Chart.yaml")
             if REPOSITORY_PLACEHOLDER not in text:
                 continue
             dep = base_dependency(chart_yaml.parent)

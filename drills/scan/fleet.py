@@ -59,7 +59,11 @@ class Progress:
 def _digest_tree(root: Path) -> str:
     h = hashlib.sha256()
     for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+        h.update(str(f.relative_to(root)).encode() + b"\0")
+        with open(f, "rb") as fh:           # in pieces: a chart's file is hashed, never held whole, whatever its size
+            for piece in iter(lambda: fh.read(1 << 20), b""):
+                h.update(piece)
+        h.update(b"\0")
     return h.hexdigest()
 
 
