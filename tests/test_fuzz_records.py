@@ -141,11 +141,14 @@ def bad_input_in_one_line(code: int, err: str, *names: str) -> bool:
 @pytest.fixture(autouse=True)
 def debug(monkeypatch):
     monkeypatch.setenv("DRILLS_DEBUG", "1")
-    # --reports-dir sets DRILLS_REPORTS for the process: given back as it was after each test
-    if "DRILLS_REPORTS" in os.environ:
-        monkeypatch.setenv("DRILLS_REPORTS", os.environ["DRILLS_REPORTS"])
-    else:
-        monkeypatch.delenv("DRILLS_REPORTS", raising=False)
+    # --reports-dir sets DRILLS_REPORTS for the process: given back as it was after each test, set or not
+    # (monkeypatch.delenv of a variable that is not set records nothing to undo: the value a test's --reports-dir
+    # set then outlived the test, and a later file on the same worker ran its commands with that reports folder;
+    # setenv first records the state to give back, whatever it was)
+    was = os.environ.get("DRILLS_REPORTS")
+    monkeypatch.setenv("DRILLS_REPORTS", was or "")
+    if was is None:
+        monkeypatch.delenv("DRILLS_REPORTS")
 
 
 @pytest.fixture
