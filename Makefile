@@ -4,14 +4,19 @@
 PYTHON ?= python3
 TEST_CONTROLLERS ?= v1.8.2,v1.10.2
 # pytest-xdist workers for the framework's own tests (each with an embedded cluster of its own); the drills
-# themselves run in one of them, TEST_LANE_JOBS legs side by side (tests/test_lanes.py)
-# (warm on two cores, 970 tests: 17.9 min with six workers and four legs at a time, 62 % of the cores busy: the tests
-# mostly wait on the controllers and on holds; 15.5 with eight workers and eight legs (75 %); 14.3 with the longest
-# files handed out first as well (85 %); ten workers 15.4 (85 %: the cores are the limit).  Eight workers and eight
-# legs held about 14 GiB of memory at the busiest: on a smaller machine set both lower, e.g. TEST_WORKERS=4
+# themselves run in one of them, TEST_LANE_JOBS legs side by side (tests/test_lanes.py).  The defaults follow the
+# cache: with every component the session needs already built, the tests mostly wait (on the controllers, holds and
+# pauses) and more of them side by side keep the cores busy; from empty caches the Go builds already fill the cores
+# and more tests beside them slow the builds every test waits for.
+# (two cores, 970 tests, warm: 17.9 min with six workers and four legs at a time, 62 % of the cores busy; 15.5 with
+# eight workers and eight legs (75 %); 14.3 with the longest files handed out first as well (85 %); ten workers 15.4
+# (85 %: the cores are the limit).  From empty caches: 30.4 min with six and four (84 %, every build done at minute
+# 17.8), 34.2 with eight and eight (83 %, the builds slower beside the tests: done at minute 26.0).  Eight workers and
+# eight legs held about 14 GiB of memory at the busiest: on a smaller machine set both lower, e.g. TEST_WORKERS=4
 # TEST_LANE_JOBS=4)
-TEST_WORKERS ?= 8
-TEST_LANE_JOBS ?= 8
+TOOLCHAIN_BUILT = $(shell $(PYTHON) -c 'from drills.toolchain import Toolchain, components_for, resolve_controller_versions as v; t = Toolchain(); print("yes" if all(t.is_built(c) for c in components_for(v("$(TEST_CONTROLLERS)", check_served=False), ["prometheus", "registry", "kube-state-metrics"])) else "no")' 2>/dev/null)
+TEST_WORKERS ?= $(if $(filter yes,$(TOOLCHAIN_BUILT)),8,6)
+TEST_LANE_JOBS ?= $(if $(filter yes,$(TOOLCHAIN_BUILT)),8,4)
 # more pytest arguments for the tests (e.g. --junitxml=FILE); the drills' own pytest runs never see them
 PYTEST_ARGS ?=
 

@@ -54,11 +54,12 @@ def versions(request) -> list[str]:
 def lanes_run(versions, tmp_path_factory) -> tuple[int, str, Path | None]:
     reports = Path(os.environ.get("DRILLS_REPORTS") or config.reports_dir())
     env = {"DRILLS_REPORTS": str(reports), "DRILLS_CLUSTER": f"lanes-{os.getpid()}"}
-    # eight legs at a time (DRILLS_TEST_LANE_JOBS; make test: TEST_LANE_JOBS): they mostly wait (on the controller,
-    # holds and pauses), so the longest ones (lane order, scan, escape and abort on each version) run side by side and
-    # the file takes about as long as its longest leg (two cores, warm: 891 s with four at a time beside five other
-    # test workers, 489 s with eight beside seven)
-    jobs = os.environ.get("DRILLS_TEST_LANE_JOBS") or "8"
+    # DRILLS_TEST_LANE_JOBS legs at a time (make test: TEST_LANE_JOBS, eight with a warm cache; four without it, as
+    # from empty caches, where the builds fill the cores): they mostly wait (on the controller, holds and pauses), so
+    # with eight the longest ones (lane order, scan, escape and abort on each version) run side by side and the file
+    # takes about as long as its longest leg (two cores, warm: 891 s with four at a time beside five other test
+    # workers, 489 s with eight beside seven)
+    jobs = os.environ.get("DRILLS_TEST_LANE_JOBS") or "4"
     rc, text = _drills("run", "--controller", ",".join(versions), "--lanes", "all", "--router", "all", "-j", jobs,
                        env=env,
                        log=tmp_path_factory.mktemp("lanes") / "run.log")
