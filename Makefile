@@ -9,8 +9,8 @@ TEST_CONTROLLERS ?= v1.8.2,v1.10.2
 # pauses) and more of them side by side keep the cores busy; from empty caches the Go builds already fill the cores
 # and more tests beside them slow the builds every test waits for.
 # (two cores, 970 tests, warm: 17.9 min with six workers and four legs at a time, 62 % of the cores busy; 15.5 with
-# eight workers and eight legs (75 %); 14.3 with the longest files handed out first as well (85 %); ten workers 15.4
-# (85 %: the cores are the limit).  From empty caches: 30.4 min with six and four (84 %, every build done at minute
+# eight workers and eight legs (75 %); 14.3 and 15.6 on two runs with the longest files handed out first as well
+# (85 and 81 %); ten workers 15.4 (85 %: the cores are the limit).  From empty caches: 30.4 min with six and four (84 %, every build done at minute
 # 17.8), 34.2 with eight and eight (83 %, the builds slower beside the tests: done at minute 26.0).  Eight workers and
 # eight legs held about 14 GiB of memory at the busiest: on a smaller machine set both lower, e.g. TEST_WORKERS=4
 # TEST_LANE_JOBS=4)
