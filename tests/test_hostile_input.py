@@ -136,6 +136,9 @@ def test_a_value_the_safe_constructors_cannot_make_is_bad_input_naming_the_file(
     node = inputs.compose_all(f"a: {value}\n", "v.yaml")[0]
     with pytest.raises(inputs.InputError, match="not valid YAML"):
         inputs.construct(node, "v.yaml")
+    # and the scan's own streaming reader of manifests refuses the same values the same way (exit 2, file and line)
+    with pytest.raises(BadInput, match=r"m\.yaml:5: not valid YAML: cannot read"):
+        objects(ROLLOUT_HEAD + f"  replicas: {value}\n", "m.yaml")
     assert inputs.load_all("a: 2024-02-29\nb: !!int 7\n", "v.yaml") == [{"a": __import__("datetime").date(2024, 2, 29),
                                                                          "b": 7}]
 

@@ -23,7 +23,7 @@ import yaml
 from yaml.events import (AliasEvent, DocumentEndEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent,
                          ScalarEvent, SequenceEndEvent, SequenceStartEvent)
 
-from ..core.inputs import MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_DEPTH
+from ..core.inputs import CONSTRUCT_ERRORS, MAX_ALIAS_BYTES, MAX_ALIAS_NODES, MAX_DEPTH
 from .model import ScanInputError
 
 try:
@@ -123,7 +123,7 @@ class _Walker:
     def _construct(self, tag: str, ev: ScalarEvent):
         try:
             return _CONSTRUCTOR.yaml_constructors[tag](_CONSTRUCTOR, yaml.ScalarNode(tag, ev.value))
-        except (yaml.YAMLError, ValueError, TypeError) as e:
+        except (yaml.YAMLError, *CONSTRUCT_ERRORS) as e:     # the same errors drills.core.inputs refuses
             raise self.fail(f"not valid YAML: cannot read {ev.value[:40]!r} as {tag} ({e})"[:300], ev) from None
 
     def _key(self, k):
