@@ -10,11 +10,13 @@ TEST_CONTROLLERS ?= v1.8.2,v1.10.2
 # and more tests beside them slow the builds every test waits for.
 # (two cores, 970 tests, warm: 17.9 min with six workers and four legs at a time, 62 % of the cores busy; 15.5 with
 # eight workers and eight legs (75 %); 14.3 and 15.6 on two runs with the longest files handed out first as well
-# (85 and 81 %); ten workers 15.4 (85 %: the cores are the limit).  From empty caches: 30.4 min with six and four (84 %, every build done at minute
-# 17.8), 34.2 with eight and eight (83 %, the builds slower beside the tests: done at minute 26.0).  Eight workers and
-# eight legs held about 14 GiB of memory at the busiest: on a smaller machine set both lower, e.g. TEST_WORKERS=4
-# TEST_LANE_JOBS=4)
-TOOLCHAIN_BUILT = $(shell $(PYTHON) -c 'from drills.toolchain import Toolchain, components_for, resolve_controller_versions as v; t = Toolchain(); print("yes" if all(t.is_built(c) for c in components_for(v("$(TEST_CONTROLLERS)", check_served=False), ["prometheus", "registry", "kube-state-metrics"])) else "no")' 2>/dev/null)
+# (85 and 81 %); ten workers 15.4 (85 %: the cores are the limit).  From empty caches: 30.4 min with six and four
+# (84 %, every build done at minute 17.8), 34.2 with eight and eight (83 %, the builds slower beside the tests: done
+# at minute 26.0).  Eight workers and eight legs held about 14 GiB of memory at the busiest: on a smaller machine set
+# both lower, e.g. TEST_WORKERS=4 TEST_LANE_JOBS=4)
+# the components beside the controllers that the tests build (make toolchain; tests/conftest.py's SESSION_EXTRAS)
+TEST_EXTRAS = prometheus,registry,kube-state-metrics
+TOOLCHAIN_BUILT = $(shell $(PYTHON) -c 'from drills.toolchain import Toolchain, components_for, resolve_controller_versions as v; t = Toolchain(); print("yes" if all(t.is_built(c) for c in components_for(v("$(TEST_CONTROLLERS)", check_served=False), "$(TEST_EXTRAS)".split(","))) else "no")' 2>/dev/null)
 TEST_WORKERS ?= $(if $(filter yes,$(TOOLCHAIN_BUILT)),8,6)
 TEST_LANE_JOBS ?= $(if $(filter yes,$(TOOLCHAIN_BUILT)),8,4)
 # more pytest arguments for the tests (e.g. --junitxml=FILE); the drills' own pytest runs never see them
@@ -32,7 +34,7 @@ wheel:
 	$(PYTHON) -m pip wheel --quiet --disable-pip-version-check --no-deps -w dist .
 
 toolchain: install
-	$(PYTHON) -m drills toolchain build --controller $(TEST_CONTROLLERS) --extra registry,prometheus,kube-state-metrics
+	$(PYTHON) -m drills toolchain build --controller $(TEST_CONTROLLERS) --extra $(TEST_EXTRAS)
 
 # The main job: the drills on the embedded default cluster, writing reports/.
 drills: install

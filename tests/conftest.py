@@ -35,7 +35,7 @@ serve_the_client_lazily()        # before the test modules' own `from kubernetes
 # a test that needs a component before it is built waits for it (drills.toolchain's locks) and says so.  Prometheus, the
 # longest build, starts as soon as a slot frees after the first controller: the lanes and tests that need it
 # (alert, abort, escape) come last in a cold session.  Off with DRILLS_BACKGROUND_BUILD=0.
-SESSION_EXTRAS = ("prometheus", "registry", "kube-state-metrics")
+SESSION_EXTRAS = ("prometheus", "registry", "kube-state-metrics")     # the Makefile's TEST_EXTRAS (tests/test_packaging.py)
 _BUILDER: list[subprocess.Popen] = []     # ended with the session (and with the process, whatever way it ends)
 
 

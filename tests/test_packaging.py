@@ -151,3 +151,11 @@ def test_the_wheel_build_records_its_commit(monkeypatch):
     monkeypatch.setenv("DRILLS_BUILD_COMMIT", "0123abcd")       # a copy without .git (the Containerfile's)
     assert setup_py._commit() == "0123abcd"
     assert set(setup_py.DATA) == {"fixtures", "lanes"} and all((ROOT / d).is_dir() for d in setup_py.DATA)
+
+
+def test_the_makefiles_test_extras_are_what_the_test_session_builds():
+    # make test picks its parallelism from whether these are built (Makefile TOOLCHAIN_BUILT): the same list the
+    # session's background build makes, or a warm machine would be taken for a cold one (or the reverse)
+    from conftest import SESSION_EXTRAS
+    line = next(x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith("TEST_EXTRAS = "))
+    assert line.removeprefix("TEST_EXTRAS = ").split(",") == list(SESSION_EXTRAS)
