@@ -224,3 +224,28 @@ def test_files_past_the_size_budget_are_refused_unread(tmp_path):
             "big-kubeconfig.yaml", "larger than")
     with pytest.raises(inputs.InputError, match="larger than"):
         inputs.read_stream(open(big, "rb"), limit=1 << 20)
+
+
+@pytest.mark.parametrize("kind", ["not-utf8", "past-budget"])
+def test_a_go_source_tree_a_user_hands_over_holds_to_the_budget(tmp_path, kind):
+    # --source is the user's: its trafficrouting.go is read within the size budget and as UTF-8, and a file that is
+    # neither ends with exit 2 naming it (and the line), never a decode error as a failed scan (exit 1)
+    from drills.drill.branches import find_branches
+    go = tmp_path / "src" / "rollout" / "trafficrouting.go"
+    go.parent.mkdir(parents=True)
+    if kind == "not-utf8":
+        go.write_bytes(b"package rollout\n\xff\xfe func reconcileTrafficRouting\n")
+        needles = ("trafficrouting.go:2", "not UTF-8")
+    else:
+        with open(go, "wb") as f:
+            f.write(b"package rollout\n")
+            f.truncate(inputs.FILE_BYTES + 1)      # sparse
+        needles = ("trafficrouting.go", "larger than 16 MiB")
+    with pytest.raises(inputs.InputError) as e:
+        find_branches(go)
+    assert all(n in str(e.value) for n in needles), str(e.value)
+    manifest = tmp_path / "rollout.yaml"
+    manifest.write_text(ROLLOUT_HEAD + "  replicas: 2\n  strategy: {canary: {steps: [{setWeight: 5}]}}\n")
+    line = refused(drills("scan", manifest, "--source", go.parent.parent, "--controller", "v1.8.2", tmp=tmp_path),
+                   *needles)
+    assert line.startswith("drills: --source: "), line

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..core import config
 from ..core.errors import combine_exit_codes
+from ..core.inputs import InputError
 from ..charts.fleet import base_sources
 from ..charts.helm import Helm, HelmError
 from ..core.outputs import check_distinct, check_output, reports_folder
@@ -114,7 +115,7 @@ def run(args, stdout=None, stdin=None, log=_log) -> int:
         if v not in facts_cache:
             try:
                 facts_cache[v] = facts_for(v, args.source) if v else None
-            except (SourceMapError, OSError) as e:
+            except (SourceMapError, OSError, InputError) as e:
                 raise ScanInputError(f"--source: {e}") from None
         return facts_cache[v]
     for v in versions:

@@ -19,6 +19,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from ..core import fastyaml
+from ..core import inputs as budget
 
 BACKWARD, MID, END = "backward-search", "mid-steps", "end-of-steps"
 LINES_UNKNOWN = "lines unknown"
@@ -59,9 +60,10 @@ def _indent(line: str) -> int:
 
 
 def find_branches(path: Path) -> BranchMap:
-    """Find the three branches in one trafficrouting.go by their code; lines are 1-based."""
+    """Find the three branches in one trafficrouting.go by their code; lines are 1-based.  A file past the
+    budget or not UTF-8 (a --source is the user's) is InputError (exit 2) naming it, never a crash."""
     path = Path(path)
-    text = path.read_text()
+    text = budget.read_text(path, what="Go source")
     lines = text.splitlines()
     start = next((i for i, l in enumerate(lines) if _FUNC_RE.match(l)), None)
     if start is None:

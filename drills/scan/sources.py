@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..core import config
+from ..core import inputs as budget
 from ..drill.branches import BACKWARD, END, MID, SourceMapError, find_branches
 from ..core.errors import BadInput
 from ..core.procs import run_bounded
@@ -166,7 +167,7 @@ def find_lines(root: Path) -> dict[str, Line]:
     for key, (rel, func, pattern, what) in FINDERS.items():
         if rel not in cache:
             p = root / rel
-            cache[rel] = p.read_text().splitlines() if p.is_file() else []
+            cache[rel] = budget.read_text(p, what="Go source").splitlines() if p.is_file() else []
         lines = cache[rel]
         rx = re.compile(pattern)
         hit = next((i for i in _body(lines, func) if rx.search(lines[i])), None)
