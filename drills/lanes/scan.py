@@ -28,7 +28,7 @@ from ..scan.fleet import FleetScan
 from ..scan.records import Record, evaluate, summary, version_order
 from ..scan.sources import facts_for
 from ..scan.autoscalers import join
-from ..scan.verify import Shape, pick, run_shape
+from ..scan.verify import Shape, pick, run_shapes
 from .base import Runbook, step
 
 STEP_SUMMARY, STEP_VERIFY = "summary", "verify"
@@ -44,7 +44,7 @@ class LaneScan(Runbook):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.given: tuple[list[Record], str, list[Shape] | None] | None = None
-        self.comparisons: list[dict] = []        # run_shape's dicts of the verify step
+        self.comparisons: list[dict] = []        # run_shapes' dicts of the verify step
         self.uncovered: list[str] = []
 
     # --- what is scanned -------------------------------------------------------------------------------------
@@ -113,9 +113,13 @@ class LaneScan(Runbook):
         for s in shapes:
             self.ctx.log(f"scan verify: {self.ctx.name} {s.label} (rule {s.pred.rule}, {s.count} "
                          f"Rollout(s)), probed at replicas {s.probe_replicas}")
-            c = run_shape(self.ctx.api, s, self.ctx.name, Path(self.ctx.evidence_dir) / "scan",
-                          self.ctx.audit_log, self.ctx.log, controller_log_of(self.ctx.cluster.status())
-                          if self.ctx.cluster is not None else None)
+        results = run_shapes(self.ctx.api, shapes, self.ctx.name, Path(self.ctx.evidence_dir) / "scan",
+                             self.ctx.audit_log, self.ctx.log, controller_log_of(self.ctx.cluster.status())
+                             if self.ctx.cluster is not None else None)
+        error = next((c for c in results if isinstance(c, BaseException)), None)
+        for s, c in zip(shapes, results):
+            if isinstance(c, BaseException):      # its row is missing; the others are recorded, then it is raised
+                continue
             self.comparisons.append(c)
             if c["verdict"] in (PASS, FAIL) and self.ctx.options.get("user_built") \
                     and not self.ctx.options.get("source"):
@@ -132,6 +136,8 @@ class LaneScan(Runbook):
                 example=c["example"], window_evidence=c["window_evidence"],
                 weights_while_partial=c["weights_while_partial"],
                 series_text=f"weights while partial [t, weight, available, target]: {c['weights_while_partial']}"))
+        if error is not None:
+            raise error
         return rows
 
     # --- the report ------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ replicaProgressThreshold, dynamicStableScale) are picked so that every predicted
 covered (one shape per rule first, the shape standing for the most Rollouts; then the most common others).
 Each runs through the rollback probe (drills.drill.probe) on the embedded cluster at that version, on its own router
 (Istio or nginx: drills.routers), in a namespace of its own, and becomes one comparison: predicted vs observed peak canary weight while the revived ReplicaSet is
-partial, and the pods that carried it.  A shape is probed at fewer replicas when its replicas would make the
+partial, and the pods that carried it.  The shapes are probed side by side (PROBES_AT_ONCE at a time, each a
+Rollout in a namespace of its own, as one controller drives many): a probe waits on pods turning Ready one by one
+far more than it computes, so K shapes take about the time of the longest.  A shape is probed at fewer replicas when its replicas would make the
 probe long, but only at a count whose prediction has the same rule, peak and exposure; pause durations are
 shortened (they do not enter the rollback path: the index jumps past them).
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import uuid
 from pathlib import Path
 
@@ -173,20 +176,68 @@ def probe_spec(shape: Shape) -> RolloutSpec:
                        image_v2=f"registry.local/{name}:v2")
 
 
+PROBES_AT_ONCE = 4
+
+
+def run_shapes(api, shapes: list[Shape], version: str, evidence_dir: Path, audit_log=None, log=None,
+               controller_log: Path | None = None, at_once: int = PROBES_AT_ONCE) -> list:
+    """run_shape for every shape, up to ``at_once`` side by side: the comparisons in the shapes' order, the
+    exception in place of a shape whose probe raised (the others are still probed and kept).  Each probe's lines
+    start with its Rollout's name.  Interrupted (a signal's exception in this thread), every probe's namespace
+    and holds are removed at once and the exception goes on; the probes' threads (daemons) end with the process."""
+    log = log or (lambda m: print(m, flush=True))
+    results: list = [None] * len(shapes)
+    specs = [probe_spec(s) for s in shapes]
+    spaces: list[str] = []
+    slots = threading.Semaphore(max(1, int(at_once)))
+
+    def one(i: int, ns: str) -> None:
+        name = specs[i].name
+        try:
+            results[i] = run_shape(api, shapes[i], version, evidence_dir, audit_log,
+                                   lambda m: log(f"[{name}] {m}"), controller_log, spec=specs[i], namespace=ns)
+        except BaseException as e:          # handed to the caller, in the shape's place
+            results[i] = e
+        finally:
+            slots.release()
+
+    threads = []
+    try:
+        for i, spec in enumerate(specs):
+            slots.acquire()
+            spaces.append(make_namespace(api, namespace_name(spec.name)))
+            t = threading.Thread(target=one, args=(i, spaces[-1]), daemon=True, name=f"probe-{spec.name}")
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+    except BaseException:
+        for ns in spaces:
+            try:
+                drop_namespace(api, ns)
+            except Exception:       # the interruption is what the caller hears
+                pass
+        raise
+    return results
+
+
 def run_shape(api, shape: Shape, version: str, evidence_dir: Path, audit_log=None, log=None,
-              controller_log: Path | None = None) -> dict:
+              controller_log: Path | None = None, spec: RolloutSpec | None = None,
+              namespace: str | None = None) -> dict:
     """Probe one shape on the cluster behind ``api`` (controller ``version``) and compare: a dict with the
-    predicted and observed peak and pods, the verdict and its reason, and the evidence."""
+    predicted and observed peak and pods, the verdict and its reason, and the evidence.  ``spec`` and
+    ``namespace``: the probe's Rollout and its namespace when the caller made them (run_shapes); the namespace
+    is removed at the end either way."""
     pred = shape.pred
     probed = predict(dataclasses.replace(shape.ro, replicas=shape.probe_replicas), shape.record.facts)
-    spec = probe_spec(shape)
+    spec = spec or probe_spec(shape)
     out = {"controller_version": version, "router": spec.router, "shape": shape.label, "rule": pred.rule, "rollouts": shape.count,
            "example": f"{shape.ro.source} {shape.ro.key}", "replicas": shape.ro.replicas,
            "at_max": shape.at_max, "probe_replicas": shape.probe_replicas, "predicted": probed.peak,
            "predicted_pods": probed.carrying,
            "observed": None, "observed_pods": None, "verdict": INCONCLUSIVE, "reason": None, "evidence": None,
            "weights_while_partial": None, "window_evidence": []}
-    ns = make_namespace(api, namespace_name(spec.name))
+    ns = namespace or make_namespace(api, namespace_name(spec.name))
     try:
         obs, _ = run_probe(api, ns, spec, Path(evidence_dir) / spec.name, version, log=log, audit_log=audit_log,
                            controller_log=controller_log)

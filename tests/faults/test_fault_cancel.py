@@ -201,14 +201,16 @@ spec:
 
 
 def test_group_sigterm_during_scan_verify_takes_down_its_cluster(tmp_path):
+    # two shapes (the same Rollout at 4 and at 3 replicas): their probes run side by side, both in flight when
+    # the signal comes
     base = "cx-scanverify"
     _take_down([base])
     manifest = tmp_path / "rollout.yaml"
-    manifest.write_text(ROLLOUT)
-    drill = DrillProc(["scan", str(manifest), "--controller", config.DEFAULT_CONTROLLER, "--verify", "1",
+    manifest.write_text(ROLLOUT + "---\n" + ROLLOUT.replace("checkout", "cart").replace("replicas: 4", "replicas: 3"))
+    drill = DrillProc(["scan", str(manifest), "--controller", config.DEFAULT_CONTROLLER, "--verify", "2",
                        "--fail-on", "none"], _env(tmp_path, base), group=True)
     try:
-        drill.wait_line("probe: deploy v2", timeout=600)
+        drill.wait_line("probe: deploy v2", timeout=600, times=2)
         drill.send_group(signal.SIGTERM)
         rc = drill.wait(300)
     finally:
