@@ -274,3 +274,31 @@ def test_a_signal_whose_interrupted_a_finalizer_swallowed_is_raised_again():
     finally:
         sys.unraisablehook = previous
     assert caught == 20 and "Interrupted" not in swallowed, (caught, swallowed)
+
+
+def test_a_thread_told_to_stop_raises_interrupted_once_at_its_next_wait():
+    # threads a command runs side by side (scan --verify's probes): a signal reaches the main thread only, which
+    # tells them to stop; each stops at its next wait, and the clean-up it unwinds through may wait in turn
+    import threading
+    from drills.core.signals import Interrupted, cancel_threads, forget_threads
+    from drills.core.wait import hold_for
+    seen: dict = {}
+
+    def waiter(kind: str) -> None:
+        try:
+            if kind == "until":
+                until("a condition that never holds", lambda: None, timeout=600)
+            else:
+                hold_for(600, "an evidence window")
+        except Interrupted as e:
+            seen[kind] = str(e)
+            seen[f"{kind} clean-up"] = until("a condition that holds", lambda: "waited", timeout=5)
+    threads = [threading.Thread(target=waiter, args=(k,), daemon=True) for k in ("until", "hold")]
+    for t in threads:
+        t.start()
+    cancel_threads([t.ident for t in threads], Interrupted(signal.SIGTERM))
+    until("both waiting threads to end", lambda: not any(t.is_alive() for t in threads), timeout=60)
+    forget_threads([t.ident for t in threads])
+    assert seen == {"until": "interrupted by SIGTERM", "until clean-up": "waited",
+                    "hold": "interrupted by SIGTERM", "hold clean-up": "waited"}, seen
+    until("the main thread's own wait, never told to stop", lambda: True, timeout=1)

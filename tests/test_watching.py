@@ -80,3 +80,61 @@ def test_a_server_that_only_sends_lines_that_are_no_json_is_an_error_not_a_loop(
             ListWatch(srv.list_fn).run(lambda *a: None, lambda *a: None, deadline=time.monotonic() + 60)
     finally:
         srv.close()
+
+
+def test_a_thread_told_to_stop_leaves_a_watch_that_sends_nothing():
+    # a probe run side by side (scan --verify) reads a watch stream that may stay silent for minutes: told to stop,
+    # its stream is cut and the loop raises Interrupted at once, not at the stream's end
+    from drills.core.signals import Interrupted, cancel_threads, forget_threads
+    from drills.core.wait import until
+    from drills.kube.watching import cut_watches_of
+    release = threading.Event()
+
+    class Silent(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            watching = "watch=True" in self.path
+            body = b"" if watching else json.dumps({"metadata": {"resourceVersion": "1"}, "items": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(1 << 20 if watching else len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            if watching:
+                release.wait(120)        # the stream stays open and silent
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    pool = urllib3.PoolManager()
+
+    def list_fn(watch=False, resource_version=None, _preload_content=False, **_):
+        return pool.request("GET", f"http://127.0.0.1:{httpd.server_port}/r?watch={watch}", preload_content=False,
+                            timeout=urllib3.Timeout(connect=5, read=300))
+    out: dict = {}
+
+    def run() -> None:
+        lw = ListWatch(list_fn)
+        out["lw"] = lw
+        try:
+            lw.run(lambda *a: None, lambda *a: None)
+            out["ended"] = "returned"
+        except Interrupted as e:
+            out["ended"] = str(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        until("the watch to be reading its silent stream", lambda: out.get("lw") is not None and
+              out["lw"]._resp is not None, timeout=30)
+        cancel_threads([t.ident], Interrupted(15))
+        cut_watches_of([t.ident])
+        until("the watching thread to end", lambda: not t.is_alive(), timeout=30)
+    finally:
+        forget_threads([t.ident])
+        release.set()
+        httpd.shutdown()
+        httpd.server_close()
+    assert out["ended"] == "interrupted by SIGTERM", out

@@ -57,6 +57,54 @@ class Interrupted(BaseException):
         self.reason = reason
 
 
+# --- threads a command runs side by side (drills.scan.verify.run_shapes) --------------------------------------------
+# A signal reaches the main thread only.  The threads it started are told to stop: each raises ``Interrupted`` once, at
+# its next wait (drills.core.wait.until and hold_for, a watch loop: drills.kube.watching cuts their streams), so each
+# unwinds through its own finally blocks (a probe's holds released, its recording stopped) while the cluster is up.
+_cancel_lock = threading.Lock()
+_cancelled: dict[int, Interrupted] = {}
+_wakeups: dict[int, threading.Event] = {}
+
+
+def cancel_threads(idents, cause: Interrupted) -> None:
+    """The threads ``idents`` (``Thread.ident``) raise ``Interrupted`` like ``cause`` at their next wait."""
+    with _cancel_lock:
+        for ident in idents:
+            _cancelled[ident] = cause
+            if ident in _wakeups:
+                _wakeups[ident].set()
+
+
+def forget_threads(idents) -> None:
+    """Threads that ended: their idents may be a new thread's next."""
+    with _cancel_lock:
+        for ident in idents:
+            _cancelled.pop(ident, None)
+            _wakeups.pop(ident, None)
+
+
+def check_cancelled() -> None:
+    """In a thread told to stop: raise its ``Interrupted``, once (the clean-up it unwinds through may wait in turn;
+    elsewhere nothing)."""
+    if not _cancelled:
+        return
+    with _cancel_lock:
+        cause = _cancelled.pop(threading.get_ident(), None)
+    if cause is not None:
+        raise Interrupted(cause.signum, cause.reason)
+
+
+def wakeup() -> threading.Event:
+    """The calling thread's event, set while it is told to stop (a timed wait on it ends then)."""
+    with _cancel_lock:
+        ev = _wakeups.setdefault(threading.get_ident(), threading.Event())
+        if threading.get_ident() in _cancelled:
+            ev.set()
+        else:
+            ev.clear()
+        return ev
+
+
 class SignalGuard:
     """Turns SIGINT/SIGTERM into ``Interrupted`` in the main thread.  During restore a second signal raises
     again so restore can be abandoned; after ``quiet()`` further signals are only counted."""

@@ -7,10 +7,11 @@ those ``retry_on`` names (e.g. a dropped connection), which count as "not yet".
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, TypeVar
 
 from tenacity import RetryError, Retrying, retry_if_exception, retry_if_result, stop_after_delay, wait_fixed
+
+from .signals import check_cancelled, wakeup
 
 T = TypeVar("T")
 
@@ -29,6 +30,7 @@ def until(name: str, probe: Callable[[], T], done: Callable[[T], bool] = bool, t
     last: list = [None]
 
     def attempt() -> T:
+        check_cancelled()          # a thread told to stop (drills.core.signals.cancel_threads) stops here
         value = probe()
         last[0] = value
         return value
@@ -47,4 +49,5 @@ def hold_for(seconds: float, why: str) -> None:
     """An evidence window (not a wait for a condition): the caller's recording goes on for ``seconds``.
     ``why`` names it where it is used; the window itself is a named constant of the caller."""
     if seconds > 0:
-        threading.Event().wait(seconds)
+        wakeup().wait(seconds)     # ends early in a thread told to stop, which then stops
+        check_cancelled()

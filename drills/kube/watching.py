@@ -14,10 +14,12 @@ import json
 import re
 import threading
 import time
+import weakref
 from typing import Callable
 
 from . import k8s
 from .api import transient
+from ..core.signals import check_cancelled
 
 GONE = 410
 WATCH_SECONDS = 240
@@ -34,6 +36,19 @@ class WatchGarbled(RuntimeError):
     """CORRUPT_IN_A_ROW streams in a row sent a line that is no JSON: the server's answer, never resumed."""
 
 
+_LIVE: "weakref.WeakSet[ListWatch]" = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def cut_watches_of(idents) -> None:
+    """The streams of the watches the threads ``idents`` made are cut, so a thread told to stop
+    (drills.core.signals.cancel_threads) is not left reading one: its loop comes round and stops."""
+    with _LIVE_LOCK:
+        mine = [lw for lw in _LIVE if lw.owner in set(idents)]
+    for lw in mine:
+        lw.cut()
+
+
 class ListWatch:
     def __init__(self, list_fn: Callable, *args, timeout_seconds: int = WATCH_SECONDS, **kwargs):
         self.list_fn, self.args, self.kwargs = list_fn, args, kwargs
@@ -44,6 +59,9 @@ class ListWatch:
         self.relists = 0
         self.corrupt = 0          # streams cut mid-line, in a row (reset by a line that decodes)
         self._resp = None
+        self.owner = threading.get_ident()      # the thread that made it (cut_watches_of)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     # --- control ----------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -75,6 +93,7 @@ class ListWatch:
         """Returns True when a callback ended the loop, False on stop() or when the deadline passed."""
         relisted = False
         while not self.stopped.is_set():
+            check_cancelled()         # a thread told to stop: the watch ends with it
             if deadline is not None and time.monotonic() >= deadline:
                 return False
             try:

@@ -118,7 +118,8 @@ class LaneScan(Runbook):
                              if self.ctx.cluster is not None else None)
         error = next((c for c in results if isinstance(c, BaseException)), None)
         for s, c in zip(shapes, results):
-            if isinstance(c, BaseException):      # its row is missing; the others are recorded, then it is raised
+            if isinstance(c, BaseException):      # its row is missing; the others are recorded, then the first raised
+                self.ctx.log(f"scan verify: {self.ctx.name} {s.label}: the probe failed: {type(c).__name__}: {c}")
                 continue
             self.comparisons.append(c)
             if c["verdict"] in (PASS, FAIL) and self.ctx.options.get("user_built") \

@@ -271,7 +271,7 @@ def facts_for(version: str, source: str | None = None, download: bool = True) ->
     if root is not None:
         try:
             return _facts_from_tree(version, str(root), _tree_digest(root))
-        except SourceMapError as e:
+        except (SourceMapError, budget.InputError) as e:     # a damaged module copy: said, as an unreadable one
             why = str(e)
     facts = facts_from_releases(version)
     facts.derived_from = f"{NO_SOURCE}: {why}"

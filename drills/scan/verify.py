@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import threading
+import time
 import uuid
 from pathlib import Path
 
 from .. import routers
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
+from ..core.signals import Interrupted, cancel_threads, forget_threads
+from ..kube.watching import cut_watches_of
 from ..record.ledger import FAIL, INCONCLUSIVE, PASS
 from ..drill.probe import run_probe
 from ..drill.shapes import RolloutSpec
@@ -177,21 +181,26 @@ def probe_spec(shape: Shape) -> RolloutSpec:
 
 
 PROBES_AT_ONCE = 4
+STOP_S = 60.0          # an interrupted verify: how long the probes may take to unwind (holds, recordings, namespace)
 
 
 def run_shapes(api, shapes: list[Shape], version: str, evidence_dir: Path, audit_log=None, log=None,
                controller_log: Path | None = None, at_once: int = PROBES_AT_ONCE) -> list:
     """run_shape for every shape, up to ``at_once`` side by side: the comparisons in the shapes' order, the
-    exception in place of a shape whose probe raised (the others are still probed and kept).  Each probe's lines
-    start with its Rollout's name.  Interrupted (a signal's exception in this thread), every probe's namespace
-    and holds are removed at once and the exception goes on; the probes' threads (daemons) end with the process."""
+    exception in place of a shape whose probe (or its namespace) failed; the others are still probed.  Each
+    probe's lines start with its Rollout's name.
+
+    Interrupted (a signal's ``Interrupted``, or KeyboardInterrupt, comes to this thread), the probes are told to
+    stop: each raises it at its next wait and unwinds through its own clean-up (holds released, recording stopped,
+    namespace removed) while the cluster is still up; what is left after STOP_S is removed from here, and the
+    interruption goes on (a second signal cuts the wait short)."""
     log = log or (lambda m: print(m, flush=True))
     results: list = [None] * len(shapes)
     specs = [probe_spec(s) for s in shapes]
     spaces: list[str] = []
     slots = threading.Semaphore(max(1, int(at_once)))
 
-    def one(i: int, ns: str) -> None:
+    def one(i: int, ns: str, ended: threading.Event) -> None:
         name = specs[i].name
         try:
             results[i] = run_shape(api, shapes[i], version, evidence_dir, audit_log,
@@ -200,25 +209,60 @@ def run_shapes(api, shapes: list[Shape], version: str, evidence_dir: Path, audit
             results[i] = e
         finally:
             slots.release()
+            ended.set()
 
-    threads = []
+    # each probe's end is its own event: a Thread.join a signal interrupts can leave the thread taken for ended
+    # while it runs (is_alive() False), so the waits here are on events only
+    threads: list[tuple[threading.Thread, threading.Event]] = []
     try:
         for i, spec in enumerate(specs):
             slots.acquire()
-            spaces.append(make_namespace(api, namespace_name(spec.name)))
-            t = threading.Thread(target=one, args=(i, spaces[-1]), daemon=True, name=f"probe-{spec.name}")
-            t.start()
-            threads.append(t)
-        for t in threads:
-            t.join()
-    except BaseException:
-        for ns in spaces:
+            ns = namespace_name(spec.name)
+            spaces.append(ns)               # recorded first: a signal inside the create still finds it
+            log(f"[{spec.name}] probe of {shapes[i].label} in namespace {ns}")
             try:
-                drop_namespace(api, ns)
-            except Exception:       # the interruption is what the caller hears
-                pass
+                make_namespace(api, ns)
+            except Exception as e:          # this shape's failure, not the others'
+                results[i] = e
+                slots.release()
+                try:
+                    drop_namespace(api, ns)     # a create that timed out may still have made it
+                except Exception:
+                    pass
+                continue
+            ended = threading.Event()
+            t = threading.Thread(target=one, args=(i, ns, ended), daemon=True, name=f"probe-{spec.name}")
+            t.start()
+            threads.append((t, ended))
+        for _, ended in threads:
+            ended.wait()
+    except (Interrupted, KeyboardInterrupt) as e:
+        _stop(api, threads, spaces, e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT), log)
         raise
+    finally:
+        forget_threads([t.ident for t, ended in threads if ended.is_set()])
     return results
+
+
+def _stop(api, threads: list[tuple[threading.Thread, threading.Event]], spaces: list[str], cause: Interrupted,
+          log) -> None:
+    alive = [(t, ended) for t, ended in threads if not ended.is_set()]
+    if alive:
+        log(f"verify: stopping {len(alive)} probe(s) in flight ({cause})")
+        cancel_threads([t.ident for t, _ in alive], cause)
+        cut_watches_of([t.ident for t, _ in alive])
+        end = time.monotonic() + STOP_S
+        for _, ended in alive:
+            ended.wait(max(0.0, end - time.monotonic()))
+        stuck = [t.name for t, ended in alive if not ended.is_set()]
+        if stuck:
+            log(f"verify: {len(stuck)} probe(s) did not stop within {STOP_S:g}s ({', '.join(stuck)}); their "
+                f"namespaces are removed from here")
+    for ns in spaces:                       # a probe that did not unwind in time (or never started) is removed here
+        try:
+            drop_namespace(api, ns)
+        except Exception as e:              # the interruption is what the caller hears; what is left is said
+            log(f"verify: namespace {ns} could not be removed ({e})")
 
 
 def run_shape(api, shape: Shape, version: str, evidence_dir: Path, audit_log=None, log=None,

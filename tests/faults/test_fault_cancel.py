@@ -200,13 +200,15 @@ spec:
 """
 
 
+# two shapes (the same Rollout at 4 and at 3 replicas): scan --verify 2 probes them side by side
+TWO_SHAPES = ROLLOUT + "---\n" + ROLLOUT.replace("checkout", "cart").replace("replicas: 4", "replicas: 3")
+
+
 def test_group_sigterm_during_scan_verify_takes_down_its_cluster(tmp_path):
-    # two shapes (the same Rollout at 4 and at 3 replicas): their probes run side by side, both in flight when
-    # the signal comes
     base = "cx-scanverify"
     _take_down([base])
     manifest = tmp_path / "rollout.yaml"
-    manifest.write_text(ROLLOUT + "---\n" + ROLLOUT.replace("checkout", "cart").replace("replicas: 4", "replicas: 3"))
+    manifest.write_text(TWO_SHAPES)
     drill = DrillProc(["scan", str(manifest), "--controller", config.DEFAULT_CONTROLLER, "--verify", "2",
                        "--fail-on", "none"], _env(tmp_path, base), group=True)
     try:
@@ -220,6 +222,32 @@ def test_group_sigterm_during_scan_verify_takes_down_its_cluster(tmp_path):
         assert drill.left_behind() == [] and _clusters_left([base]) == [], drill.tail()
     finally:
         _take_down([base])
+
+
+def test_group_sigterm_during_scan_verify_on_a_running_cluster_stops_each_probe_in_flight(kube, cluster,
+                                                                                         controller_version, tmp_path):
+    # the worker's cluster was up before the scan and stays up: the two probes, in flight side by side, stop
+    # themselves at the signal (holds released, recordings stopped, namespaces removed) before the scan ends
+    world = World(kube, cluster)
+    manifest = tmp_path / "rollout.yaml"
+    manifest.write_text(TWO_SHAPES)
+    drill = DrillProc(["scan", str(manifest), "--controller", controller_version, "--verify", "2", "--fail-on",
+                       "none"], dict(os.environ, DRILLS_REPORTS=str(tmp_path)), group=True)
+    try:
+        drill.wait_line("probe: deploy v2", times=2)
+        drill.send_group(signal.SIGTERM)
+        rc = drill.wait(300)
+    finally:
+        drill.stop()
+    _assert_interrupted(drill, rc, "SIGTERM")
+    lines = drill.console.splitlines()
+    deploys = [i for i, x in enumerate(lines) if "probe: deploy v2" in x]
+    rollbacks = [i for i, x in enumerate(lines) if "probe: roll back" in x]
+    assert len({lines[i].split("]")[0] for i in deploys}) == 2, drill.tail()          # two probes, one line each
+    assert not rollbacks or max(deploys) < min(rollbacks), drill.tail()              # side by side
+    assert "stopping 2 probe(s) in flight" in drill.console and "did not stop within" not in drill.console, \
+        drill.tail()
+    assert world.leftovers(drill) == []
 
 
 def test_group_sigterm_during_a_probe_leaves_nothing_of_it(kube, cluster, controller_version, tmp_path):
