@@ -280,6 +280,7 @@ def test_a_thread_told_to_stop_raises_interrupted_once_at_its_next_wait():
     # threads a command runs side by side (scan --verify's probes): a signal reaches the main thread only, which
     # tells them to stop; each stops at its next wait, and the clean-up it unwinds through may wait in turn
     import threading
+    from drills.core import signals
     from drills.core.signals import Interrupted, cancel_threads, forget_threads
     from drills.core.wait import hold_for
     seen: dict = {}
@@ -296,6 +297,8 @@ def test_a_thread_told_to_stop_raises_interrupted_once_at_its_next_wait():
     threads = [threading.Thread(target=waiter, args=(k,), daemon=True) for k in ("until", "hold")]
     for t in threads:
         t.start()
+    # the evidence window already running when the thread is told (its 600 s wait is woken, not skipped)
+    until("the hold thread to be inside its window", lambda: threads[1].ident in signals._wakeups, timeout=30)
     cancel_threads([t.ident for t in threads], Interrupted(signal.SIGTERM))
     until("both waiting threads to end", lambda: not any(t.is_alive() for t in threads), timeout=60)
     forget_threads([t.ident for t in threads])

@@ -135,6 +135,7 @@ def test_a_thread_told_to_stop_leaves_a_watch_that_sends_nothing():
     finally:
         forget_threads([t.ident])
         release.set()
+        pool.clear()
         httpd.shutdown()
         httpd.server_close()
     assert out["ended"] == "interrupted by SIGTERM", out

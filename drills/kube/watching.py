@@ -42,7 +42,9 @@ _LIVE_LOCK = threading.Lock()
 
 def cut_watches_of(idents) -> None:
     """The streams of the watches the threads ``idents`` made are cut, so a thread told to stop
-    (drills.core.signals.cancel_threads) is not left reading one: its loop comes round and stops."""
+    (drills.core.signals.cancel_threads) is not left reading one: its loop comes round and stops.  A watch it made
+    that another thread runs (a recorder's) only resumes; a request not yet answered has no stream to cut, and the
+    loop checks once it is."""
     with _LIVE_LOCK:
         mine = [lw for lw in _LIVE if lw.owner in set(idents)]
     for lw in mine:
@@ -138,7 +140,9 @@ class ListWatch:
                             **self.kwargs)
         self._resp = resp
         try:
+            check_cancelled()         # told to stop while the request was made: its stream was not there to cut
             for line in k8s.iter_resp_lines(resp):
+                check_cancelled()
                 if self.stopped.is_set():
                     return False
                 if not line.strip():

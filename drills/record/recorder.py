@@ -204,6 +204,9 @@ class Recorder:
         except WaitTimeout as e:
             self.stop()
             raise RecorderError(f"recorder: {e}") from None
+        except BaseException:        # interrupted while its watches list: none is left running
+            self.stop()
+            raise
         if self.failures:
             self.stop()
             raise RecorderError(f"recorder: {'; '.join(self.failures.values())}")

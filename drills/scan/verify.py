@@ -208,6 +208,7 @@ def run_shapes(api, shapes: list[Shape], version: str, evidence_dir: Path, audit
         except BaseException as e:          # handed to the caller, in the shape's place
             results[i] = e
         finally:
+            forget_threads([threading.get_ident()])     # its ident may be a later thread's
             slots.release()
             ended.set()
 
@@ -232,28 +233,35 @@ def run_shapes(api, shapes: list[Shape], version: str, evidence_dir: Path, audit
                 continue
             ended = threading.Event()
             t = threading.Thread(target=one, args=(i, ns, ended), daemon=True, name=f"probe-{spec.name}")
+            threads.append((t, ended))      # recorded first: a signal during the start still tells it to stop
             t.start()
-            threads.append((t, ended))
         for _, ended in threads:
             ended.wait()
-    except (Interrupted, KeyboardInterrupt) as e:
-        _stop(api, threads, spaces, e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT), log)
+    except BaseException as e:              # a signal, or this thread's own failure: no probe is left behind
+        cause = e if isinstance(e, Interrupted) else Interrupted(
+            signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM,
+            None if isinstance(e, KeyboardInterrupt) else f"stopped: {type(e).__name__}: {e}")
+        _stop(api, threads, spaces, cause, log)
         raise
-    finally:
-        forget_threads([t.ident for t, ended in threads if ended.is_set()])
     return results
 
 
 def _stop(api, threads: list[tuple[threading.Thread, threading.Event]], spaces: list[str], cause: Interrupted,
           log) -> None:
-    alive = [(t, ended) for t, ended in threads if not ended.is_set()]
+    alive = [(t, ended) for t, ended in threads if not ended.is_set() and t.ident is not None]
     if alive:
         log(f"verify: stopping {len(alive)} probe(s) in flight ({cause})")
         cancel_threads([t.ident for t, _ in alive], cause)
         cut_watches_of([t.ident for t, _ in alive])
         end = time.monotonic() + STOP_S
-        for _, ended in alive:
-            ended.wait(max(0.0, end - time.monotonic()))
+        try:
+            for _, ended in alive:
+                ended.wait(max(0.0, end - time.monotonic()))
+        except BaseException:               # a second signal: out at once, saying what may be left
+            log(f"verify: stopped again; what may be left of the probes: namespaces {', '.join(spaces)} and "
+                f"their availability holds (the cluster's next `down` removes both)")
+            raise
+        forget_threads([t.ident for t, ended in alive if ended.is_set()])   # one that ended as it was told
         stuck = [t.name for t, ended in alive if not ended.is_set()]
         if stuck:
             log(f"verify: {len(stuck)} probe(s) did not stop within {STOP_S:g}s ({', '.join(stuck)}); their "
