@@ -353,17 +353,17 @@ LONG_FILES = ("tests/test_branch_order.py",                 # 372
               "tests/faults/test_fault_api.py",             # 289
               "tests/faults/test_fault_signals.py",         # 258
               "tests/test_install.py",                      # 256
+              "tests/faults/test_fault_cancel.py",          # 245 (158 before its two-probe cases)
               "tests/faults/test_fault_sigkill.py",         # 233
               "tests/faults/test_fault_apiserver.py",       # 223
               "tests/test_live_safety.py",                  # 178
-              "tests/faults/test_fault_cancel.py",          # 158
               "tests/test_safety.py",                       # 146
-              "tests/test_scan_verify.py",                  # 138 (219 before its shapes ran side by side)
               "tests/test_containerfile.py",                # 137
               "tests/test_swap.py",                         # 133
               "tests/test_routers_cluster.py",              # 119
               "tests/faults/test_fault_disk.py",            # 108
               "tests/test_load.py",                         # 106
+              "tests/test_scan_verify.py",                  # 105 (219 before its shapes ran side by side)
               "tests/test_scan_steps.py",                   # 101
               "tests/test_live_runbook.py",                 # 97
               "tests/test_snapshot.py",                     # 94
