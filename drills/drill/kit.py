@@ -198,6 +198,20 @@ class Recording:
         return until(name, lambda: self.derive(**derive_kw), done, timeout, interval=interval,
                      describe=describe or (lambda d: f"canary weights {[w for _, w in d.canary_weight]}"))
 
+    def wait_quiet(self, what: str, seconds: float, cap: float) -> bool:
+        """Until no Rollout or route record came for ``seconds`` (the controller done answering ``what``), at most
+        ``cap`` seconds; False when it did not go quiet by then (the caller goes on: what came is recorded)."""
+        kinds = {"Rollout", *routers.ROUTE_KINDS}
+
+        def quiet_for() -> float:
+            return time.monotonic() - max((r["t"] for r in self.records() if r["kind"] in kinds), default=0.0)
+        try:
+            until(f"the controller's writes after {what} to pause for {seconds:g}s", quiet_for,
+                  lambda q: q >= seconds, cap, interval=0.1, describe=lambda q: f"last write {q:.1f}s ago")
+            return True
+        except WaitTimeout:
+            return False
+
     def wait_weight(self, weight: int, timeout: float, why: str = "") -> timeline.Derived:
         return self.wait(f"canary weight {weight} in the {self.route_kind}{' ' + why if why else ''}",
                          lambda d: bool(d.canary_weight) and d.canary_weight[-1][1] == weight, timeout)

@@ -24,6 +24,9 @@ ASSERT_PEAK = "peak canary weight while the revived ReplicaSet is below its desi
 # evidence windows
 AFTER_EVIDENCE_S = 5.0       # after the first weight on the partial ReplicaSet: room for the controller to write more
 ABORT_SETTLE_S = 1.0         # between the abort and reading the weight in force (the exit's starting point)
+# the controller's answer to an abort can be several writes (on nginx: weight 0, the abort cleared, the weight back):
+# the exit starts once they paused for ABORT_SETTLE_S, at most this long after the abort
+ABORT_QUIET_CAP_S = 5.0
 
 
 class LaneA(Runbook):
@@ -163,6 +166,7 @@ class LaneA(Runbook):
         res = d.ro.abort(d.name)
         rec.mark("abort", res)
         d.observe_for(ABORT_SETTLE_S, "the abort reaching the controller")
+        rec.wait_quiet("the abort", ABORT_SETTLE_S, ABORT_QUIET_CAP_S - ABORT_SETTLE_S)
         now = rec.derive()
         partial_at_exit = bool(now.partial) and now.partial[-1][1] is None
         weight_after_abort = now.canary_weight[-1][1] if now.canary_weight else None
