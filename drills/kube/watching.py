@@ -45,8 +45,9 @@ def cut_watches_of(idents) -> None:
     (drills.core.signals.cancel_threads) is not left reading one: its loop comes round and stops.  A watch it made
     that another thread runs (a recorder's) only resumes; a request not yet answered has no stream to cut, and the
     loop checks once it is."""
+    wanted = set(idents)
     with _LIVE_LOCK:
-        mine = [lw for lw in _LIVE if lw.owner in set(idents)]
+        mine = [lw for lw in _LIVE if lw.owner in wanted]
     for lw in mine:
         lw.cut()
 
