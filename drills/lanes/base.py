@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar
@@ -26,6 +27,8 @@ import yaml
 
 from ..core import config
 from ..core.errors import BadInput
+from ..core.signals import Interrupted
+from ..drill.together import Together
 from ..drill.kit import NO_EXPECTATION
 from ..record.ledger import PASS, UNVERIFIED, Ledger, describe_row
 from ..core import fastyaml
@@ -111,6 +114,9 @@ class Runbook:
     extras: ClassVar[tuple[str, ...]] = ()          # toolchain components the lane needs besides the cluster
     estimate_s: ClassVar[float] = 200.0             # a leg's seconds before one was measured (plans, shards)
     routers: ClassVar[tuple[str, ...]] = ("istio",)  # the traffic routers the lane makes sense for
+    # a leg stopped (SIGINT, or a step that ends the session): how long its probes in flight may unwind before the
+    # lane removes what they made; the run SIGKILLs a leg 60 s after its SIGINT (drills.run.run_stop)
+    probes_stop_s: ClassVar[float] = 30.0
     uses_helm: ClassVar[bool] = False                # the lane runs helm (its leg waits for the helm build)
 
     def __init__(self, ctx: LaneContext):
@@ -124,6 +130,26 @@ class Runbook:
         self.verified = bool(entry) and not entry.get("unverified")
         self.expectations: dict = (entry or {}) if self.verified else {}
         self.no_expectation = USER_BUILT if user_built else NO_EXPECTATION
+        self.probes: Together | None = None
+
+    # --- probes side by side --------------------------------------------------------------------------------
+    def run_together(self, jobs) -> Together:
+        """The lane's independent probes (name -> ``fn(reached=...)``), started once, at the first step that asks,
+        side by side (drills.drill.together): each step then reads its own probe's result, or a point it reached,
+        and records its rows itself.  Each probe's Rollout is in a namespace of its own, made before this."""
+        if self.probes is None:
+            self.probes = Together(self.key, self.ctx.log, stop_s=self.probes_stop_s)
+            for name, fn in jobs.items():
+                self.probes.start(name, fn)
+        return self.probes
+
+    def stop_probes(self, leftovers: str = "") -> list[str]:
+        """Probes still in flight (the leg stopped, or a step failed and the session ended) are told to stop and
+        unwind: the names of those that did not within ``probes_stop_s``."""
+        if self.probes is None:
+            return []
+        return self.probes.stop(Interrupted(signal.SIGINT, f"lane {self.key} ended with its probes in flight"),
+                                leftovers=leftovers)
 
     # --- data (a lane another package registers, through the drills.lanes entry point group, overrides both) ----
     @classmethod
@@ -175,7 +201,8 @@ class Runbook:
         return row
 
     def close(self) -> None:
-        """Stop what the lane started (override; always called)."""
+        """Stop what the lane started (override, calling ``stop_probes`` first; always called)."""
+        self.stop_probes()
 
     # --- the report ----------------------------------------------------------------------------------
     @classmethod

@@ -18,6 +18,10 @@ assertion names that version's own lines (drills.drill.branches, read from its s
     raises (drills.drill.autoscale; on a cluster other than the embedded one, the drill writes the scale subresource
     itself, and the row says so) -> the weight while partial against the last rung (5), and what the controller
     did with the revived ReplicaSet's size.
+
+The four probes need nothing from each other: they start together at the lane's first probe step and run side by
+side (drills.drill.together), one controller driving the four Rollouts; each step reads its probe's result (or the
+point it waits for) and records its row, so the leg takes about as long as its longest probe (the scale-out).
 """
 from __future__ import annotations
 
@@ -40,10 +44,12 @@ from ..drill.shapes import RolloutSpec
 from ..core.steps import last_set_weight, steps_text
 from ..toolchain import Toolchain
 from ..core.wait import WaitTimeout
+from ..drill.together import Together
 from .base import LaneContext, Runbook, step
 
 STEP_END, STEP_MID, STEP_HAZARD = "end-of-steps", "mid-steps", "hazard-replica-progress-threshold"
 STEP_SCALE_OUT = "scale-out-while-partial"
+DEPLOYED, V1_DEPLOYED = "v1 and v2 deployed, v1 scaled down", "v1 deployed"
 APP_LABEL = "app.kubernetes.io/name"
 # the matrix's branch-order section: column label -> the step it is read from
 ORDER_COLUMNS = (("before end-of-steps", STEP_END), ("before mid-steps", STEP_MID), ("hazards", STEP_HAZARD),
@@ -92,7 +98,7 @@ def weights_while_short_at(d: timeline.Derived, target: int) -> tuple[list, floa
 
 class LaneOrder(Runbook):
     key = "order"
-    estimate_s = 200.0
+    estimate_s = 180.0
     title = "branch order: the backward search before mid-steps and end-of-steps, per version's source"
 
     def __init__(self, ctx: LaneContext):
@@ -116,11 +122,29 @@ class LaneOrder(Runbook):
         if key not in self.drills:
             ns = make_namespace(self.ctx.api, namespace_name(f"order-{self.fx[key]['name']}"))
             self.namespaces.append(ns)
-            self.drills[key] = DrillRollout(self.ctx.api, ns, spec_of(self.fx[key]), self.ev, log=self.ctx.log,
+            name = self.fx[key]["name"]
+            self.drills[key] = DrillRollout(self.ctx.api, ns, spec_of(self.fx[key]), self.ev,
+                                            log=lambda m: self.ctx.log(f"[{name}] {m}"),
                                             controller_version=self.ctx.name, audit_log=self.ctx.audit_log)
         return self.drills[key]
 
+    def started_probes(self) -> Together:
+        """The lane's probes, started at its first probe step, side by side (each Rollout in a namespace of its own,
+        made here in this thread); the hazard probe only where the version's CRD has the field."""
+        if self.probes is None:
+            jobs = {"end_of_steps": self._end_of_steps_probe, "mid_steps": self._mid_steps_probe,
+                    "scale_out": self._scale_out_probe}
+            if self.hazard_applicable()[0]:
+                jobs["hazard_replica_progress_threshold"] = self._hazard_probe
+            for key in jobs:
+                self.drill(key)
+                self.ctx.log(f"[{self.fx[key]['name']}] probe {key} in namespace {self.drills[key].ns}")
+            self.run_together(jobs)
+        return self.probes
+
     def close(self) -> None:
+        self.stop_probes(leftovers=f"namespaces {', '.join(self.namespaces)} (the cluster's next `down` removes "
+                                   f"them)")
         for d in self.drills.values():
             d.cleanup()
         for ns in self.namespaces:
@@ -150,17 +174,22 @@ class LaneOrder(Runbook):
         return self.bm
 
     # --- (a) end-of-steps -------------------------------------------------------------------------------
-    @step()
-    def end_of_steps_deploy(self) -> None:
-        d = self.drill("end_of_steps")
+    def _end_of_steps_probe(self, reached) -> Observation:
+        d = self.drills["end_of_steps"]
         d.deploy_v1()
         d.deploy_v2()
         d.wait_scaled_to_zero(d.hash_v1)
+        reached(DEPLOYED)
+        return self._rollback_observation(d, f"order-{STEP_END}")
+
+    @step()
+    def end_of_steps_deploy(self) -> None:
+        self.started_probes().wait("end_of_steps", DEPLOYED)
 
     @step("end_of_steps_deploy")
     def end_of_steps_rollback(self) -> dict:
-        d = self.drill("end_of_steps")
-        obs = self._rollback_observation(d, f"order-{STEP_END}")
+        obs = self.started_probes().wait("end_of_steps")
+        d = self.drills["end_of_steps"]
         exp = self.expected("end_of_steps") or {}
         verdict, reason = obs.verdict(exp.get("expected"), self.no_expectation)
         peak = obs.peak_canary_weight_while_partial
@@ -178,11 +207,17 @@ class LaneOrder(Runbook):
     # --- (b) mid-steps ----------------------------------------------------------------------------------
     @step()
     def mid_steps_deploy_v1(self) -> None:
-        self.drill("mid_steps").deploy_v1()
+        self.started_probes().wait("mid_steps", V1_DEPLOYED)
 
     @step("mid_steps_deploy_v1")
     def mid_steps_deploy_v2(self) -> dict:
-        d = self.drill("mid_steps")
+        return self.row(**self.started_probes().wait("mid_steps"))
+
+    def _mid_steps_probe(self, reached) -> dict:
+        """Deploys v1, then v2 with its new pods held: the row's fields (the step records it)."""
+        d = self.drills["mid_steps"]
+        d.deploy_v1()
+        reached(V1_DEPLOYED)
         fx = self.fx["mid_steps"]
         spec = d.spec
         idx = int(fx["higher_rung_index"])
@@ -194,7 +229,7 @@ class LaneOrder(Runbook):
         d.space_replicasets()
         res = d.ro.set_image(d.name, spec.image_v2, container=spec.container)
         rec.mark("deploy", res)
-        self.ctx.log(f"  deploy v2, steps [{steps_text(spec.steps)}], new pods held {spec.hold_seconds:.0f}s each")
+        d.log(f"  deploy v2, steps [{steps_text(spec.steps)}], new pods held {spec.hold_seconds:.0f}s each")
         error = None
         hash_v2 = None
         try:
@@ -247,9 +282,10 @@ class LaneOrder(Runbook):
         series_text = (f"weights in force while the canary ReplicaSet was short of {target} at step {idx} "
                        f"[t, weight, available, target]: {rel(short)} ({short_seconds:.1f}s short); canary weight "
                        f"series {rel(der.canary_weight)}")
-        return self.row(
-            STEP_MID, branches.order_assertion(self.bm, branches.MID), exp.get("expected"), observed, verdict,
-            evidence=str(rec.path), reason=reason, key="branch-order", polarity=HOLDS,
+        return dict(
+            step=STEP_MID, assertion=branches.order_assertion(self.bm, branches.MID), expected=exp.get("expected"),
+            observed=observed, verdict=verdict, evidence=str(rec.path), reason=reason, key="branch-order",
+            polarity=HOLDS,
             # the backward search first keeps the previous rung while the canary is short of the higher one
             shows=None if observed is None else observed < rung, probe="normal deploy reaching a higher rung while the canary "
             "ReplicaSet is short", steps=steps_text(spec.steps), replicas=spec.replicas, higher_rung=rung,
@@ -273,6 +309,13 @@ class LaneOrder(Runbook):
                 + (f" (backward search :{self.bm.backward_search}, end-of-steps :{self.bm.end_of_steps})"
                    if self.bm else f" ({branches.LINES_UNKNOWN})"))
 
+    def _hazard_probe(self, reached) -> Observation:
+        d = self.drills["hazard_replica_progress_threshold"]
+        d.deploy_v1()
+        d.deploy_v2()
+        d.wait_scaled_to_zero(d.hash_v1)
+        return self._rollback_observation(d, f"order-{STEP_HAZARD}")
+
     @step()
     def hazard(self) -> dict:
         fx = self.fx["hazard_replica_progress_threshold"]
@@ -284,11 +327,7 @@ class LaneOrder(Runbook):
             return self.row(STEP_HAZARD, self._hazard_assertion(spec, last_rung), last_rung, None, NOT_APPLICABLE,
                             reason=where, key="peak-weight", polarity=HAZARD,
                             condition=condition_of(spec.extra_canary), steps=steps_text(spec.steps), **self._lines())
-        d = self.drill("hazard_replica_progress_threshold")
-        d.deploy_v1()
-        d.deploy_v2()
-        d.wait_scaled_to_zero(d.hash_v1)
-        obs = self._rollback_observation(d, f"order-{STEP_HAZARD}")
+        obs = self.started_probes().wait("hazard_replica_progress_threshold")
         # The row asserts what this controller does (the expectation file: upstream's peak); the report
         # calls the version out whenever that peak is above the prescription's last rung.
         expected = exp.get("upstream_peak")
@@ -309,22 +348,16 @@ class LaneOrder(Runbook):
             series_text=obs.describe(), revived_replicaset=obs.revived_hash, **self._lines())
 
     # --- (d) a scale-out while the revived ReplicaSet is partial ---------------------------------------------
-    @step()
-    def scale_out(self) -> dict:
-        """The prescription, a rollback inside the window, and the Rollout scaled out through its scale
-        subresource while the revived pods are held: the weight while partial, before and after, against the last
-        rung; the row says what the controller did with the revived ReplicaSet's size and the weight."""
+    def _scale_out_probe(self, reached) -> tuple[Observation, dict, str | None]:
         fx = self.fx["scale_out"]
-        d = self.drill("scale_out")
-        last_rung = last_set_weight(d.spec.steps)
-        exp = self.expected("scale_out") or {}
+        d = self.drills["scale_out"]
         d.deploy_v1()
         d.deploy_v2()
         d.wait_scaled_to_zero(d.hash_v1)
         embedded = self.ctx.cluster is not None
-        with external_metrics_for(self.ctx.cluster, self.ctx.api, embedded, self.ctx.log) as metrics:
+        with external_metrics_for(self.ctx.cluster, self.ctx.api, embedded, d.log) as metrics:
             hpa = None if metrics is None else HPAScaleOut(self.ctx.api, metrics, d.ns, d.name, d.spec.replicas,
-                                                           fx["scale_out_to"], log=self.ctx.log)
+                                                           fx["scale_out_to"], log=d.log)
             try:
                 if hpa is not None:
                     hpa.start()
@@ -338,10 +371,22 @@ class LaneOrder(Runbook):
                 except WaitTimeout as e:
                     stopped = f"the rollback with its scale-out did not settle: {e}"
                 d.release_holds()
-                obs = rec.finish(extra={"scale_out": did}, stopped_early=stopped)
+                return rec.finish(extra={"scale_out": did}, stopped_early=stopped), did, stopped
             finally:
                 if hpa is not None:
                     hpa.stop()
+
+    @step()
+    def scale_out(self) -> dict:
+        """The prescription, a rollback inside the window, and the Rollout scaled out through its scale
+        subresource while the revived pods are held: the weight while partial, before and after, against the last
+        rung; the row says what the controller did with the revived ReplicaSet's size and the weight."""
+        fx = self.fx["scale_out"]
+        obs, did, stopped = self.started_probes().wait("scale_out")
+        d = self.drills["scale_out"]
+        last_rung = last_set_weight(d.spec.steps)
+        exp = self.expected("scale_out") or {}
+        embedded = self.ctx.cluster is not None
         if not did.get("revived_resized") and not stopped:
             stopped = "the controller never resized the revived ReplicaSet after the scale-out: nothing was observed"
         verdict, reason = obs.verdict(exp.get("expected"), self.no_expectation)

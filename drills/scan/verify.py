@@ -22,15 +22,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
-import threading
-import time
 import uuid
 from pathlib import Path
 
 from .. import routers
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
-from ..core.signals import Interrupted, cancel_threads, forget_threads
-from ..kube.watching import cut_watches_of
+from ..core.signals import Interrupted
+from ..drill import together
 from ..record.ledger import FAIL, INCONCLUSIVE, PASS
 from ..drill.probe import run_probe
 from ..drill.shapes import RolloutSpec
@@ -181,14 +179,14 @@ def probe_spec(shape: Shape) -> RolloutSpec:
 
 
 PROBES_AT_ONCE = 4
-STOP_S = 60.0          # an interrupted verify: how long the probes may take to unwind (holds, recordings, namespace)
+STOP_S = together.STOP_S   # an interrupted verify: how long the probes may take to unwind (holds, recordings, namespace)
 
 
 def run_shapes(api, shapes: list[Shape], version: str, evidence_dir: Path, audit_log=None, log=None,
                controller_log: Path | None = None, at_once: int = PROBES_AT_ONCE) -> list:
-    """run_shape for every shape, up to ``at_once`` side by side: the comparisons in the shapes' order, the
-    exception in place of a shape whose probe (or its namespace) failed; the others are still probed.  Each
-    probe's lines start with its Rollout's name.
+    """run_shape for every shape, up to ``at_once`` side by side (drills.drill.together): the comparisons in the
+    shapes' order, the exception in place of a shape whose probe (or its namespace) failed; the others are still
+    probed.  Each probe's lines start with its Rollout's name.
 
     Interrupted (a signal's ``Interrupted``, or KeyboardInterrupt, comes to this thread), the probes are told to
     stop: each raises it at its next wait and unwinds through its own clean-up (holds released, recording stopped,
@@ -198,26 +196,16 @@ def run_shapes(api, shapes: list[Shape], version: str, evidence_dir: Path, audit
     results: list = [None] * len(shapes)
     specs = [probe_spec(s) for s in shapes]
     spaces: list[str] = []
-    slots = threading.Semaphore(max(1, int(at_once)))
+    probes = together.Together("verify", log, at_once=max(1, int(at_once)), stop_s=STOP_S)
 
-    def one(i: int, ns: str, ended: threading.Event) -> None:
+    def one(i: int, ns: str, reached) -> dict:
         name = specs[i].name
-        try:
-            results[i] = run_shape(api, shapes[i], version, evidence_dir, audit_log,
-                                   lambda m: log(f"[{name}] {m}"), controller_log, spec=specs[i], namespace=ns)
-        except BaseException as e:          # handed to the caller, in the shape's place
-            results[i] = e
-        finally:
-            forget_threads([threading.get_ident()])     # its ident may be a later thread's
-            slots.release()
-            ended.set()
+        return run_shape(api, shapes[i], version, evidence_dir, audit_log, lambda m: log(f"[{name}] {m}"),
+                         controller_log, spec=specs[i], namespace=ns)
 
-    # each probe's end is its own event: a Thread.join a signal interrupts can leave the thread taken for ended
-    # while it runs (is_alive() False), so the waits here are on events only
-    threads: list[tuple[threading.Thread, threading.Event]] = []
     try:
         for i, spec in enumerate(specs):
-            slots.acquire()
+            probes.slot()
             ns = namespace_name(spec.name)
             spaces.append(ns)               # recorded first: a signal inside the create still finds it
             log(f"[{spec.name}] probe of {shapes[i].label} in namespace {ns}")
@@ -225,52 +213,29 @@ def run_shapes(api, shapes: list[Shape], version: str, evidence_dir: Path, audit
                 make_namespace(api, ns)
             except Exception as e:          # this shape's failure, not the others'
                 results[i] = e
-                slots.release()
+                probes.release_slot()
                 try:
                     drop_namespace(api, ns)     # a create that timed out may still have made it
                 except Exception:
                     pass
                 continue
-            ended = threading.Event()
-            t = threading.Thread(target=one, args=(i, ns, ended), daemon=True, name=f"probe-{spec.name}")
-            threads.append((t, ended))      # recorded first: a signal during the start still tells it to stop
-            t.start()
-        for _, ended in threads:
-            ended.wait()
+            probes.start(str(i), one, i, ns, slotted=True)
+        for i in range(len(specs)):
+            if str(i) in probes:
+                results[i] = probes.outcome(str(i))
     except BaseException as e:              # a signal, or this thread's own failure: no probe is left behind
         cause = e if isinstance(e, Interrupted) else Interrupted(
             signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM,
             None if isinstance(e, KeyboardInterrupt) else f"stopped: {type(e).__name__}: {e}")
-        _stop(api, threads, spaces, cause, log)
+        probes.stop(cause, leftovers=f"namespaces {', '.join(spaces)} and their availability holds (the cluster's "
+                                     f"next `down` removes both)")
+        for ns in spaces:                   # a probe that did not unwind in time (or never started) is removed here
+            try:
+                drop_namespace(api, ns)
+            except Exception as err:        # the interruption is what the caller hears; what is left is said
+                log(f"verify: namespace {ns} could not be removed ({err})")
         raise
     return results
-
-
-def _stop(api, threads: list[tuple[threading.Thread, threading.Event]], spaces: list[str], cause: Interrupted,
-          log) -> None:
-    alive = [(t, ended) for t, ended in threads if not ended.is_set() and t.ident is not None]
-    if alive:
-        log(f"verify: stopping {len(alive)} probe(s) in flight ({cause})")
-        cancel_threads([t.ident for t, _ in alive], cause)
-        cut_watches_of([t.ident for t, _ in alive])
-        end = time.monotonic() + STOP_S
-        try:
-            for _, ended in alive:
-                ended.wait(max(0.0, end - time.monotonic()))
-        except BaseException:               # a second signal: out at once, saying what may be left
-            log(f"verify: stopped again; what may be left of the probes: namespaces {', '.join(spaces)} and "
-                f"their availability holds (the cluster's next `down` removes both)")
-            raise
-        forget_threads([t.ident for t, ended in alive if ended.is_set()])   # one that ended as it was told
-        stuck = [t.name for t, ended in alive if not ended.is_set()]
-        if stuck:
-            log(f"verify: {len(stuck)} probe(s) did not stop within {STOP_S:g}s ({', '.join(stuck)}); their "
-                f"namespaces are removed from here")
-    for ns in spaces:                       # a probe that did not unwind in time (or never started) is removed here
-        try:
-            drop_namespace(api, ns)
-        except Exception as e:              # the interruption is what the caller hears; what is left is said
-            log(f"verify: namespace {ns} could not be removed ({e})")
 
 
 def run_shape(api, shape: Shape, version: str, evidence_dir: Path, audit_log=None, log=None,

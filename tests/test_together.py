@@ -1,0 +1,161 @@
+"""Probes side by side (drills.drill.together): results by name, the points steps wait for, a slot limit, and the
+stop that makes each probe in flight unwind through its own clean-up."""
+from __future__ import annotations
+
+import functools
+import signal
+import threading
+
+import pytest
+
+from drills.core.signals import Interrupted
+from drills.core.wait import WaitTimeout, hold_for, until
+from drills.drill.together import ProbeEnded, Together
+
+
+def quiet(_m: str) -> None:
+    pass
+
+
+def test_results_come_back_by_name_and_a_failure_is_raised_where_it_is_read():
+    t = Together("test", quiet)
+    gate = threading.Event()
+
+    def ok(value, reached):
+        reached("half way")
+        until("the gate to open", gate.is_set, timeout=60)
+        return value * 2
+
+    def bad(reached):
+        raise WaitTimeout("the rollback did not settle")
+
+    t.start("ok", ok, 21)
+    t.start("bad", bad)
+    assert t.wait("ok", "half way") is None          # the point, while the probe is still running
+    assert "ok" in t.in_flight()
+    gate.set()
+    assert t.wait("ok") == 42
+    with pytest.raises(WaitTimeout, match="did not settle"):
+        t.wait("bad")
+    with pytest.raises(WaitTimeout, match="did not settle"):   # failed before the point: the failure, not a hang
+        t.wait("bad", "half way")
+    assert isinstance(t.outcome("bad"), WaitTimeout) and t.outcome("ok") == 42
+    t.wait_all()
+    assert t.in_flight() == []
+
+
+def test_a_probe_that_ends_without_the_point_says_so():
+    t = Together("test", quiet)
+    t.start("short", lambda reached: "done")
+    with pytest.raises(ProbeEnded, match="ended without reaching 'deployed'"):
+        t.wait("short", "deployed")
+    assert t.wait("short") == "done"
+    with pytest.raises(ValueError, match="started twice"):
+        t.start("short", lambda reached: None)
+
+
+def test_at_once_bounds_the_probes_in_flight():
+    t = Together("test", quiet, at_once=2)
+    lock = threading.Lock()
+    now, most = [0], [0]
+    release = threading.Event()
+
+    def probe(reached):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        until("the release", release.is_set, timeout=60, interval=0.01)
+        with lock:
+            now[0] -= 1
+
+    starter = threading.Thread(target=lambda: [t.start(str(i), probe) for i in range(5)], daemon=True)
+    starter.start()
+    until("two probes in flight and the third waiting for a slot", lambda: now[0] == 2 and len(t.in_flight()) == 2,
+          timeout=30, interval=0.01)
+    assert starter.is_alive()                 # the third start waits for a slot
+    release.set()
+    until("every probe started", lambda: not starter.is_alive(), timeout=60)
+    t.wait_all()
+    assert most[0] == 2 and now[0] == 0
+
+
+def test_stop_makes_each_probe_unwind_through_its_clean_up_and_names_one_that_does_not():
+    lines: list[str] = []
+    t = Together("order", lines.append, stop_s=2.0)
+    cleaned: list[str] = []
+    inside = {"wait": threading.Event(), "hold": threading.Event(), "deaf": threading.Event()}
+    deaf_release = threading.Event()
+
+    def waits(reached):
+        try:
+            inside["wait"].set()
+            until("a condition that never holds", lambda: None, timeout=600)
+        finally:
+            cleaned.append(until("the clean-up's own wait", lambda: "wait", timeout=5))
+
+    def holds(reached):
+        try:
+            inside["hold"].set()
+            hold_for(600, "an evidence window")
+        finally:
+            cleaned.append("hold")
+
+    def deaf(reached):       # waits where no stop reaches it (not through drills.core.wait)
+        inside["deaf"].set()
+        deaf_release.wait(120)
+
+    t.start("wait", waits)
+    t.start("hold", holds)
+    t.start("deaf", deaf)
+    for name, ev in inside.items():
+        assert ev.wait(30), name
+    stuck = t.stop(Interrupted(signal.SIGINT, "the lane ended with its probes in flight"))
+    assert stuck == ["deaf"], (stuck, lines)
+    assert sorted(cleaned) == ["hold", "wait"]
+    for name in ("wait", "hold"):
+        with pytest.raises(Interrupted, match="the lane ended"):
+            t.wait(name)
+    assert lines[0] == "order: stopping 3 probe(s) in flight (the lane ended with its probes in flight)", lines
+    assert "order: 1 probe(s) did not stop within 2s (deaf)" in lines[-1], lines
+    deaf_release.set()
+    assert t.wait("deaf") is None
+    assert t.stop(Interrupted(signal.SIGINT)) == []       # nothing in flight: nothing said
+    assert len(lines) == 2
+    until("the main thread's own wait, never told to stop", lambda: True, timeout=1)
+
+
+def test_a_lane_closed_with_its_probes_in_flight_stops_them_and_each_cleans_up(tmp_path):
+    """A leg stopped (the run's SIGINT) or ended early: the lane's close stops the probes it runs side by side, each
+    unwinding through its own clean-up, before the lane removes what they made."""
+    from drills.lanes.base import LaneContext, Runbook, step
+    from drills.record.ledger import Ledger
+
+    lines: list[str] = []
+    cleaned: list[str] = []
+
+    class TwoProbes(Runbook):
+        key = "two-probes"
+        title = "two probes side by side"
+
+        def _probe(self, name, reached):
+            reached("deployed")
+            try:
+                until(f"{name}'s rollback to settle", lambda: None, timeout=600)
+            finally:
+                cleaned.append(name)
+
+        @step()
+        def first_deployed(self):
+            self.run_together({n: functools.partial(self._probe, n) for n in ("one", "two")})
+            self.probes.wait("one", "deployed")
+
+    ctx = LaneContext(api=None, namespace="ns", evidence_dir=tmp_path, ledger=Ledger(tmp_path, "r", "embedded",
+                      "v1.8.2"), version="v1.8.2", log=lines.append)
+    lane = TwoProbes(ctx)
+    lane.first_deployed()
+    assert sorted(lane.probes.in_flight()) == ["one", "two"]
+    lane.close()
+    assert sorted(cleaned) == ["one", "two"] and lane.probes.in_flight() == []
+    assert lines == ["two-probes: stopping 2 probe(s) in flight (lane two-probes ended with its probes in flight)"]
+    with pytest.raises(Interrupted):
+        lane.probes.wait("two")
