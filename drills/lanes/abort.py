@@ -13,9 +13,14 @@ deploy v2 (healthy: its analysis passes) -> v2, now the stable, breaks (injected
 A self-abort outcome counts only if the analysis took at least failureLimit + 1 measurements while the injected
 error rate was above its threshold (DESIGN.md §6); under a rollbackWindow there are no measurements, and the
 whole-service error rate must be above the threshold when the rollback was sent.
+
+The three outcomes need nothing from each other: they start together at the first step and run side by side
+(drills.drill.together), each with its own namespace, mesh emulator, Prometheus and load; each step records its
+outcome's rows once that outcome is observed.
 """
 from __future__ import annotations
 
+import functools
 from functools import cached_property
 from pathlib import Path
 
@@ -23,13 +28,13 @@ from ..traffic import load
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..record.ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from ..routers import ISTIO
-from .abort_drill import AbortObservation, SelfAbortDrill, fmt
+from .abort_drill import STEPS, AbortObservation, SelfAbortDrill, fmt
 from .base import Runbook, step
 
 
 class LaneAbort(Runbook):
     key = "abort"
-    estimate_s = 245.0
+    estimate_s = 120.0
     title = "the rollback that aborts itself: whole-service query, per-revision query, rollbackWindow"
     extras = ("prometheus",)
 
@@ -39,21 +44,40 @@ class LaneAbort(Runbook):
         return self.data("drill.yaml")
 
     @cached_property
+    def namespaces(self) -> list[str]:
+        return []
+
+    @cached_property
     def observations(self) -> dict[str, AbortObservation]:
         """What each outcome observed (the tests assert on it beside the rows)."""
         return {}
 
-    def _outcome(self, name: str) -> list[dict]:
-        """One outcome on a fresh Rollout in a namespace of its own."""
-        ns = make_namespace(self.ctx.api, namespace_name(f"abort-{name}"))
+    def _run_outcome(self, name: str, ns: str, reached) -> AbortObservation:
         try:
-            drill = SelfAbortDrill(self.ctx.api, self.ctx.cluster, ns, name, Path(self.ctx.evidence_dir),
-                                   self.ctx.name, self.fx, log=self.ctx.log)
-            obs = drill.run()
+            return SelfAbortDrill(self.ctx.api, self.ctx.cluster, ns, name, Path(self.ctx.evidence_dir),
+                                  self.ctx.name, self.fx, log=lambda m: self.ctx.log(f"[{name}] {m}")).run()
         finally:
             drop_namespace(self.ctx.api, ns)
+
+    def _outcome(self, name: str) -> list[dict]:
+        """One outcome on a fresh Rollout in a namespace of its own; the three run side by side (each with its own
+        mesh emulator, Prometheus and load), started together at the first step."""
+        if self.probes is None:
+            jobs = {}
+            for outcome in STEPS:
+                ns = make_namespace(self.ctx.api, namespace_name(f"abort-{outcome}"))
+                self.namespaces.append(ns)
+                jobs[outcome] = functools.partial(self._run_outcome, outcome, ns)
+            self.run_together(jobs)
+        obs = self.probes.wait(name)
         self.observations[name] = obs
         return outcome_rows(self, obs, self.expected(name))
+
+    def close(self) -> None:
+        self.stop_probes(leftovers=f"namespaces {', '.join(self.namespaces)} with their mesh emulators, Prometheus "
+                                   f"and load (the cluster's next `down` removes them)")
+        for ns in self.namespaces:          # each probe removes its own; one that did not unwind is removed here
+            drop_namespace(self.ctx.api, ns)
 
     @step()
     def whole_service_query(self) -> list[dict]:

@@ -13,9 +13,12 @@ with kubectl-argo-rollouts parity (drills.kube.rollout) and the controller is wa
 
 Rows per escape: the abort state after it, what the steps and the analysis did, the weight path, Degraded and its
 reason, and the revision serving at the end.  The matrix draws the four weight paths of a version side by side.
+The four escapes need nothing from each other: they start together at the first step and run side by side
+(drills.drill.together), each with its own namespace, mesh emulator, Prometheus and load.
 """
 from __future__ import annotations
 
+import functools
 from functools import cached_property
 from pathlib import Path
 
@@ -141,7 +144,7 @@ def _changes(values: list) -> list:
 
 class LaneEscape(Runbook):
     key = "escape"
-    estimate_s = 305.0
+    estimate_s = 120.0
     title = "the four escapes from an aborted Rollout: retry, promote, promote --full, undo"
     extras = ("prometheus",)
 
@@ -154,15 +157,36 @@ class LaneEscape(Runbook):
     def observations(self) -> dict[str, dict]:
         return {}
 
-    def _escape(self, name: str) -> list[dict]:
-        ns = make_namespace(self.ctx.api, namespace_name(f"escape-{name}"))
+    @cached_property
+    def namespaces(self) -> list[str]:
+        return []
+
+    def _run_escape(self, name: str, ns: str, reached) -> dict:
         try:
-            obs = EscapeDrill(self.ctx.api, self.ctx.cluster, ns, name, Path(self.ctx.evidence_dir), self.ctx.name,
-                              self.fx, log=self.ctx.log).run_escape()
+            return EscapeDrill(self.ctx.api, self.ctx.cluster, ns, name, Path(self.ctx.evidence_dir), self.ctx.name,
+                               self.fx, log=lambda m: self.ctx.log(f"[{name}] {m}")).run_escape()
         finally:
             drop_namespace(self.ctx.api, ns)
+
+    def _escape(self, name: str) -> list[dict]:
+        """One escape on a fresh aborted Rollout in a namespace of its own; the four run side by side (each with its
+        own mesh emulator, Prometheus and load), started together at the first step."""
+        if self.probes is None:
+            jobs = {}
+            for escape in ESCAPES:
+                ns = make_namespace(self.ctx.api, namespace_name(f"escape-{escape}"))
+                self.namespaces.append(ns)
+                jobs[escape] = functools.partial(self._run_escape, escape, ns)
+            self.run_together(jobs)
+        obs = self.probes.wait(name)
         self.observations[name] = obs
         return escape_rows(self, name, obs, self.expected(name) or {})
+
+    def close(self) -> None:
+        self.stop_probes(leftovers=f"namespaces {', '.join(self.namespaces)} with their mesh emulators, Prometheus "
+                                   f"and load (the cluster's next `down` removes them)")
+        for ns in self.namespaces:          # each probe removes its own; one that did not unwind is removed here
+            drop_namespace(self.ctx.api, ns)
 
     @step()
     def retry(self) -> list[dict]:

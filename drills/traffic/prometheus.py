@@ -77,6 +77,9 @@ class Prometheus:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._unregister = unregister
+        # its record's name is its own: the legs of a run (lanes abort, escape, alert) and the probes of a lane run
+        # theirs on one cluster at once, and a shared name let one's record replace another's
+        self.name = f"prometheus-{self.port}"
         self._logf = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [str(self.binary), f"--config.file={self.config_path}", f"--storage.tsdb.path={self.workdir / 'data'}",
@@ -86,7 +89,7 @@ class Prometheus:
             preexec_fn=die_with_parent)
         try:
             if register is not None:
-                register("prometheus", self.proc.pid, [self.port], self.log)
+                register(self.name, self.proc.pid, [self.port], self.log)
             wait_http(self.url + "/-/ready", ready_timeout, self.proc, self.log)
         except BaseException:
             self.stop()
@@ -142,7 +145,7 @@ class Prometheus:
             self._logf.close()
         if self._unregister is not None:
             try:
-                self._unregister("prometheus")
+                self._unregister(self.name)
             except Exception:
                 pass
         if not keep_data:
