@@ -54,11 +54,10 @@ def versions(request) -> list[str]:
 def lanes_run(versions, tmp_path_factory) -> tuple[int, str, Path | None]:
     reports = Path(os.environ.get("DRILLS_REPORTS") or config.reports_dir())
     env = {"DRILLS_REPORTS": str(reports), "DRILLS_CLUSTER": f"lanes-{os.getpid()}"}
-    # DRILLS_TEST_LANE_JOBS legs at a time (make test: TEST_LANE_JOBS, eight with a warm cache; four without it, as
-    # from empty caches, where the builds fill the cores): they mostly wait (on the controller, holds and pauses), so
-    # with eight the longest ones (lane order, scan, escape and abort on each version) run side by side and the file
-    # takes about as long as its longest leg (two cores, warm: 891 s with four at a time beside five other test
-    # workers, 489 s with eight beside seven)
+    # DRILLS_TEST_LANE_JOBS legs at a time (make test: TEST_LANE_JOBS, five with a warm cache; four without it, as
+    # from empty caches, where the builds fill the cores): legs mostly wait (on the controller, holds and pauses), and
+    # lanes abort, order and escape run their probes side by side within a leg, so five at a time keep the cores busy
+    # without starving the other test workers (eight at a time put the load at 33 on two cores)
     jobs = os.environ.get("DRILLS_TEST_LANE_JOBS") or "4"
     rc, text = _drills("run", "--controller", ",".join(versions), "--lanes", "all", "--router", "all", "-j", jobs,
                        env=env,

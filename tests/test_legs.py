@@ -90,17 +90,17 @@ def test_a_run_starts_its_legs_longest_first_with_at_most_jobs_clusters_up(tmp_p
     """A long leg started last runs alone at the end: legs start by the plan's durations (a leg never measured:
     its lane's estimate), ties in plan order; and no more clusters are up at once than legs run at once."""
     monkeypatch.setenv("DRILLS_CACHE", str(tmp_path / "cache"))          # no machine's durations
-    plan = legs.plan(["v1.8.2", "v1.10.2"], ["a", "b", "escape"])
+    plan = legs.plan(["v1.8.2", "v1.10.2"], ["a", "b", "order"])
     est = {x.id: legs.estimate(x, {}) for x in plan}
-    assert est["v1.8.2/escape/stage"] > est["v1.8.2/a/stage"] > est["v1.8.2/b/stage"]
+    assert est["v1.8.2/order/stage"] > est["v1.8.2/a/stage"] > est["v1.8.2/b/stage"]
     # two at a time: both clusters may be up, so the longest legs first, whatever their version
-    measured = {"v1.10.2/b/stage": 9000.0, "v1.8.2/escape/stage": 1.0}
+    measured = {"v1.10.2/b/stage": 9000.0, "v1.8.2/order/stage": 1.0}
     assert _start_order(tmp_path, plan, 2, measured) == [
-        "v1.10.2/b/stage", "v1.10.2/escape/stage", "v1.8.2/a/stage", "v1.10.2/a/stage", "v1.8.2/b/stage",
-        "v1.8.2/escape/stage"]
+        "v1.10.2/b/stage", "v1.10.2/order/stage", "v1.8.2/a/stage", "v1.10.2/a/stage", "v1.8.2/b/stage",
+        "v1.8.2/order/stage"]
     # one at a time: one cluster up, its legs the longest first, then the next cluster's
     assert _start_order(tmp_path, plan, 1, {}) == [
-        "v1.8.2/escape/stage", "v1.8.2/a/stage", "v1.8.2/b/stage", "v1.10.2/escape/stage", "v1.10.2/a/stage",
+        "v1.8.2/order/stage", "v1.8.2/a/stage", "v1.8.2/b/stage", "v1.10.2/order/stage", "v1.10.2/a/stage",
         "v1.10.2/b/stage"]
     # without durations given, the run reads the cache's (what every run records)
     legs.record_duration(legs.Leg("v1.10.2", "b"), 9000.0)

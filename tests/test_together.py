@@ -10,7 +10,7 @@ import pytest
 
 from drills.core.signals import Interrupted
 from drills.core.wait import WaitTimeout, hold_for, until
-from drills.drill.together import ProbeEnded, Together
+from drills.drill.together import ProbeEnded, Together, raising
 
 
 def quiet(_m: str) -> None:
@@ -52,6 +52,44 @@ def test_a_probe_that_ends_without_the_point_says_so():
     assert t.wait("short") == "done"
     with pytest.raises(ValueError, match="started twice"):
         t.start("short", lambda reached: None)
+    with pytest.raises(ProbeEnded, match="never started"):
+        t.wait("hazard")
+    t.start("no namespace", raising(RuntimeError("namespace not made")))    # a set-up that failed: its own step
+    with pytest.raises(RuntimeError, match="namespace not made"):
+        t.wait("no namespace", "deployed")
+
+
+def test_held_lines_are_written_by_the_step_that_reads_the_probe():
+    """Under pytest's capture a test gets the lines written while it runs: a probe's lines wait for the step that
+    reads it, so a failing step's report holds its own probe's lines; the ones no step read come out at the stop."""
+    out: list[str] = []
+    t = Together("abort", out.append, hold_lines=True)
+    go = threading.Event()
+
+    def probe(name, reached):
+        log = t.lines_of(name, f"[{name}] ")
+        log("deploy v1")
+        reached("deployed")
+        until("the go", go.is_set, timeout=60, interval=0.01)
+        log("rollback")
+        if name == "b":
+            raise WaitTimeout("the rollback did not settle")
+        return name
+
+    for n in ("a", "b", "c"):
+        t.start(n, functools.partial(probe, n))
+    t.wait("a", "deployed")
+    assert out == ["[a] deploy v1"]
+    go.set()
+    assert t.wait("a") == "a" and out == ["[a] deploy v1", "[a] rollback"]
+    with pytest.raises(WaitTimeout):
+        t.wait("b")
+    assert out[2:] == ["[b] deploy v1", "[b] rollback"]
+    until("c to end", lambda: t.in_flight() == [], timeout=60, interval=0.01)
+    assert t.stop(Interrupted(signal.SIGINT)) == [] and out[4:] == ["[c] deploy v1", "[c] rollback"]
+    passing = Together("verify", out.append)          # not held: written as they come (a command's progress)
+    passing.lines_of("x", "[x] ")("now")
+    assert out[-1] == "[x] now"
 
 
 def test_at_once_bounds_the_probes_in_flight():
@@ -68,7 +106,14 @@ def test_at_once_bounds_the_probes_in_flight():
         with lock:
             now[0] -= 1
 
-    starter = threading.Thread(target=lambda: [t.start(str(i), probe) for i in range(5)], daemon=True)
+    def starts():
+        for i in range(5):
+            if i == 4:                # the caller's own slot (scan --verify takes it before making a namespace)
+                t.slot()
+                t.start(str(i), probe, slotted=True)
+            else:
+                t.start(str(i), probe)
+    starter = threading.Thread(target=starts, daemon=True)
     starter.start()
     until("two probes in flight and the third waiting for a slot", lambda: now[0] == 2 and len(t.in_flight()) == 2,
           timeout=30, interval=0.01)
@@ -81,7 +126,7 @@ def test_at_once_bounds_the_probes_in_flight():
 
 def test_stop_makes_each_probe_unwind_through_its_clean_up_and_names_one_that_does_not():
     lines: list[str] = []
-    t = Together("order", lines.append, stop_s=2.0)
+    t = Together("order", lines.append, stop_s=5.0)
     cleaned: list[str] = []
     inside = {"wait": threading.Event(), "hold": threading.Event(), "deaf": threading.Event()}
     deaf_release = threading.Event()
@@ -116,7 +161,7 @@ def test_stop_makes_each_probe_unwind_through_its_clean_up_and_names_one_that_do
         with pytest.raises(Interrupted, match="the lane ended"):
             t.wait(name)
     assert lines[0] == "order: stopping 3 probe(s) in flight (the lane ended with its probes in flight)", lines
-    assert "order: 1 probe(s) did not stop within 2s (deaf)" in lines[-1], lines
+    assert "order: 1 probe(s) did not stop within 5s (deaf)" in lines[-1], lines
     deaf_release.set()
     assert t.wait("deaf") is None
     assert t.stop(Interrupted(signal.SIGINT)) == []       # nothing in flight: nothing said

@@ -10,6 +10,10 @@ A signal reaches the main thread only.  ``stop`` tells the probes still in fligh
 ``Interrupted`` at its next wait (drills.core.signals; their watch streams are cut) and unwinds through its own
 clean-up (holds released, recording stopped) while the cluster is still up.  What did not end within the time given
 is named, for the caller to remove what it made.
+
+A lane's leg runs under pytest, whose capture gives a test the lines written while it runs: with ``hold_lines`` each
+probe's lines (``lines_of``) are kept and written when a step reads that probe, so a failing step's report holds its
+own probe's lines, not another's; what no step read is written when the probes are stopped (``stop``).
 """
 from __future__ import annotations
 
@@ -37,18 +41,46 @@ class _Probe:
         self.error: BaseException | None = None
 
 
+def raising(error: BaseException) -> Callable:
+    """A probe that could not be set up (its namespace not made): its failure, raised in the step that reads it."""
+    def probe(reached):
+        raise error
+    return probe
+
+
 class Together:
     """Probes run side by side, up to ``at_once`` at a time (None: all), each by name.  ``label`` starts the lines it
-    writes (``verify``, ``order``)."""
+    writes (``verify``, ``order``); ``hold_lines``: each probe's lines (``lines_of``) wait for the step that reads it."""
 
-    def __init__(self, label: str, log: Callable[[str], None], at_once: int | None = None, stop_s: float = STOP_S):
-        self.label, self.log, self.stop_s = label, log, stop_s
-        self._slots = threading.Semaphore(max(1, int(at_once))) if at_once else None
+    def __init__(self, label: str, log: Callable[[str], None], at_once: int | None = None, stop_s: float = STOP_S,
+                 hold_lines: bool = False):
+        self.label, self.log, self.stop_s, self.hold_lines = label, log, stop_s, hold_lines
+        self._slots = threading.Semaphore(max(1, int(at_once))) if at_once is not None else None
         self._probes: dict[str, _Probe] = {}
         self._changed = threading.Condition()
+        self._lines: dict[str, list[str]] = {}
 
     def __contains__(self, name: str) -> bool:
-        return name in self._probes
+        with self._changed:
+            return name in self._probes
+
+    # --- lines ----------------------------------------------------------------------------------------------
+    def lines_of(self, name: str, prefix: str = "") -> Callable[[str], None]:
+        """The probe's log: each line starts with ``prefix``; held until a step reads the probe (``hold_lines``)."""
+        if not self.hold_lines:
+            return lambda m: self.log(prefix + m)
+
+        def log(m: str) -> None:
+            with self._changed:
+                self._lines.setdefault(name, []).append(prefix + m)
+        return log
+
+    def _write_lines(self, names) -> None:
+        for name in names:
+            with self._changed:
+                lines = self._lines.pop(name, [])
+            for line in lines:
+                self.log(line)
 
     # --- start ----------------------------------------------------------------------------------------------
     def slot(self) -> None:
@@ -88,18 +120,23 @@ class Together:
                     self._changed.notify_all()
 
         p.thread = threading.Thread(target=run, daemon=True, name=f"probe-{name}")
-        self._probes[name] = p          # recorded first: a signal during the start still tells it to stop
+        with self._changed:
+            self._probes[name] = p      # recorded first: a signal during the start still tells it to stop
         p.thread.start()
 
     # --- read -----------------------------------------------------------------------------------------------
     def wait(self, name: str, point: str | None = None):
         """The probe's result (its exception raised here), or with ``point``: once the probe reached it (None), or
         its exception if it ended before (``ProbeEnded`` if it ended without reaching it)."""
-        p = self._probes[name]
+        with self._changed:
+            p = self._probes.get(name)
+        if p is None:
+            raise ProbeEnded(f"probe {name} was never started")
         # events and a condition only: a Thread.join a signal interrupts can leave a running thread taken for ended
         with self._changed:
             while not p.ended.is_set() and (point is None or point not in p.points):
                 self._changed.wait()
+        self._write_lines([name])       # interrupted, its lines wait for the stop (a test's capture drops them)
         if point is not None and point in p.points:
             return None
         if p.error is not None:
@@ -110,23 +147,39 @@ class Together:
 
     def outcome(self, name: str):
         """The result, or the exception in its place (never raised)."""
-        p = self._probes[name]
+        with self._changed:
+            p = self._probes[name]
         p.ended.wait()
+        self._write_lines([name])
         return p.error if p.error is not None else p.result
 
     def wait_all(self) -> None:
-        for p in list(self._probes.values()):
+        with self._changed:
+            probes = list(self._probes.values())
+        for p in probes:
             p.ended.wait()
+        self._write_lines([p.name for p in probes])
 
     def in_flight(self) -> list[str]:
-        return [n for n, p in self._probes.items() if not p.ended.is_set() and p.thread is not None
-                and p.thread.ident is not None]
+        with self._changed:
+            return [n for n, p in self._probes.items() if not p.ended.is_set() and p.thread is not None
+                    and p.thread.ident is not None]
 
     # --- stop -----------------------------------------------------------------------------------------------
     def stop(self, cause: Interrupted, leftovers: str = "") -> list[str]:
         """Tell the probes in flight to stop and wait up to ``stop_s`` for them to unwind: the names of those that did
-        not.  A second signal during the wait ends it at once, saying ``leftovers`` (what may be left)."""
-        alive = [self._probes[n] for n in self.in_flight()]
+        not.  A second signal during the wait ends it at once, saying ``leftovers`` (what may be left).  The lines no
+        step read are written then."""
+        try:
+            return self._stop(cause, leftovers)
+        finally:
+            with self._changed:
+                names = list(self._lines)
+            self._write_lines(names)
+
+    def _stop(self, cause: Interrupted, leftovers: str) -> list[str]:
+        with self._changed:
+            alive = [self._probes[n] for n in self.in_flight()]
         if not alive:
             return []
         self.log(f"{self.label}: stopping {len(alive)} probe(s) in flight ({cause})")

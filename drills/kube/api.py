@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import urllib3
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
 from . import k8s
 from .k8s import client
@@ -201,7 +201,9 @@ def transient(e: BaseException) -> bool:
 def conflict_retry(attempts: int = 5):
     """Retry a write that lost a resourceVersion race (409 Conflict), recomputed each time."""
     return retry(retry=retry_if_exception(lambda e: isinstance(e, k8s.ApiException) and e.status == 409),
-                 stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=0.05, max=0.5), reraise=True)
+                 stop=stop_after_attempt(attempts),
+                 # jittered: probes side by side write the one holds ConfigMap at once, and lose to each other in step
+                 wait=wait_exponential(multiplier=0.05, max=0.5) + wait_random(0, 0.05), reraise=True)
 
 
 read_retry = retry(retry=retry_if_exception(transient), stop=stop_after_attempt(4),

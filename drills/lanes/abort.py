@@ -29,7 +29,8 @@ from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..record.ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from ..routers import ISTIO
 from .abort_drill import STEPS, AbortObservation, SelfAbortDrill, fmt
-from .base import Runbook, step
+from ..drill.together import raising
+from .base import Runbook, drop_namespaces, step
 
 
 class LaneAbort(Runbook):
@@ -37,6 +38,7 @@ class LaneAbort(Runbook):
     estimate_s = 120.0
     title = "the rollback that aborts itself: whole-service query, per-revision query, rollbackWindow"
     extras = ("prometheus",)
+    probes_stop_s = 40.0      # a probe's unwinding stops its load (Locust writes its stats: up to 35 s), Prometheus, mesh
 
     @cached_property
     def fx(self) -> dict:
@@ -55,7 +57,7 @@ class LaneAbort(Runbook):
     def _run_outcome(self, name: str, ns: str, reached) -> AbortObservation:
         try:
             return SelfAbortDrill(self.ctx.api, self.ctx.cluster, ns, name, Path(self.ctx.evidence_dir),
-                                  self.ctx.name, self.fx, log=lambda m: self.ctx.log(f"[{name}] {m}")).run()
+                                  self.ctx.name, self.fx, log=self.together().lines_of(name, f"[{name}] ")).run()
         finally:
             drop_namespace(self.ctx.api, ns)
 
@@ -65,8 +67,13 @@ class LaneAbort(Runbook):
         if self.probes is None:
             jobs = {}
             for outcome in STEPS:
-                ns = make_namespace(self.ctx.api, namespace_name(f"abort-{outcome}"))
-                self.namespaces.append(ns)
+                ns = namespace_name(f"abort-{outcome}")
+                self.namespaces.append(ns)      # recorded first: a signal inside the create still finds it
+                try:
+                    make_namespace(self.ctx.api, ns)
+                except Exception as e:          # raised in its own step, not the others'
+                    jobs[outcome] = raising(e)
+                    continue
                 jobs[outcome] = functools.partial(self._run_outcome, outcome, ns)
             self.run_together(jobs)
         obs = self.probes.wait(name)
@@ -75,9 +82,8 @@ class LaneAbort(Runbook):
 
     def close(self) -> None:
         self.stop_probes(leftovers=f"namespaces {', '.join(self.namespaces)} with their mesh emulators, Prometheus "
-                                   f"and load (the cluster's next `down` removes them)")
-        for ns in self.namespaces:          # each probe removes its own; one that did not unwind is removed here
-            drop_namespace(self.ctx.api, ns)
+                                   f"(the cluster's next `down` removes the namespaces; the emulators, Prometheus and load end with the leg)")
+        drop_namespaces(self.ctx.api, self.namespaces, self.ctx.log)   # each probe removes its own; here the rest
 
     @step()
     def whole_service_query(self) -> list[dict]:

@@ -26,6 +26,7 @@ from typing import Callable, ClassVar
 import yaml
 
 from ..core import config
+from ..cluster.namespaces import drop_namespace
 from ..core.errors import BadInput
 from ..core.signals import Interrupted
 from ..drill.together import Together
@@ -36,6 +37,16 @@ from ..core import fastyaml
 EXPECTATIONS = "expectations.yaml"
 USER_BUILT = ("a user-built controller: its rows are observations, classified against a baseline release by "
               "drills upgrade-check, not held to a release's expectations")
+
+
+def drop_namespaces(api, namespaces: list[str], log) -> None:
+    """A lane's probe namespaces removed at its close, each on its own (one that cannot be removed is said, and the
+    others are still removed)."""
+    for ns in namespaces:
+        try:
+            drop_namespace(api, ns)
+        except Exception as e:
+            log(f"namespace {ns} could not be removed ({e}); the cluster's next `down` removes it")
 
 
 class StepFailed(AssertionError):
@@ -133,15 +144,23 @@ class Runbook:
         self.probes: Together | None = None
 
     # --- probes side by side --------------------------------------------------------------------------------
+    def together(self) -> Together:
+        """The lane's probes side by side (drills.drill.together); their lines (``Together.lines_of``) are written in
+        the step that reads each, so a failing step's report holds its own probe's lines."""
+        if self.probes is None:
+            self.probes = Together(self.key, self.ctx.log, stop_s=self.probes_stop_s, hold_lines=True)
+        return self.probes
+
     def run_together(self, jobs) -> Together:
         """The lane's independent probes (name -> ``fn(reached=...)``), started once, at the first step that asks,
-        side by side (drills.drill.together): each step then reads its own probe's result, or a point it reached,
-        and records its rows itself.  Each probe's Rollout is in a namespace of its own, made before this."""
-        if self.probes is None:
-            self.probes = Together(self.key, self.ctx.log, stop_s=self.probes_stop_s)
-            for name, fn in jobs.items():
-                self.probes.start(name, fn)
-        return self.probes
+        side by side: each step then reads its own probe's result, or a point it reached, and records its rows
+        itself.  Each probe's Rollout is in a namespace of its own, made before this (a probe whose set-up failed:
+        ``drills.drill.together.raising``, its failure raised in its own step)."""
+        t = self.together()
+        for name, fn in jobs.items():
+            if name not in t:
+                t.start(name, fn)
+        return t
 
     def stop_probes(self, leftovers: str = "") -> list[str]:
         """Probes still in flight (the leg stopped, or a step failed and the session ended) are told to stop and

@@ -31,7 +31,8 @@ from ..kube.rollout import Predicate, healthy
 from ..core.wait import WaitTimeout, hold_for
 from .abort import LaneAbort
 from .abort_drill import SelfAbortDrill
-from .base import Runbook, step
+from ..drill.together import raising
+from .base import Runbook, drop_namespaces, step
 from ..core import fastyaml
 
 ESCAPES = ("retry", "promote", "promote-full", "undo")
@@ -147,6 +148,7 @@ class LaneEscape(Runbook):
     estimate_s = 120.0
     title = "the four escapes from an aborted Rollout: retry, promote, promote --full, undo"
     extras = ("prometheus",)
+    probes_stop_s = 40.0      # a probe's unwinding stops its load (Locust writes its stats: up to 35 s), Prometheus, mesh
 
     @cached_property
     def fx(self) -> dict:
@@ -164,7 +166,7 @@ class LaneEscape(Runbook):
     def _run_escape(self, name: str, ns: str, reached) -> dict:
         try:
             return EscapeDrill(self.ctx.api, self.ctx.cluster, ns, name, Path(self.ctx.evidence_dir), self.ctx.name,
-                               self.fx, log=lambda m: self.ctx.log(f"[{name}] {m}")).run_escape()
+                               self.fx, log=self.together().lines_of(name, f"[{name}] ")).run_escape()
         finally:
             drop_namespace(self.ctx.api, ns)
 
@@ -174,8 +176,13 @@ class LaneEscape(Runbook):
         if self.probes is None:
             jobs = {}
             for escape in ESCAPES:
-                ns = make_namespace(self.ctx.api, namespace_name(f"escape-{escape}"))
-                self.namespaces.append(ns)
+                ns = namespace_name(f"escape-{escape}")
+                self.namespaces.append(ns)      # recorded first: a signal inside the create still finds it
+                try:
+                    make_namespace(self.ctx.api, ns)
+                except Exception as e:          # raised in its own step, not the others'
+                    jobs[escape] = raising(e)
+                    continue
                 jobs[escape] = functools.partial(self._run_escape, escape, ns)
             self.run_together(jobs)
         obs = self.probes.wait(name)
@@ -184,9 +191,8 @@ class LaneEscape(Runbook):
 
     def close(self) -> None:
         self.stop_probes(leftovers=f"namespaces {', '.join(self.namespaces)} with their mesh emulators, Prometheus "
-                                   f"and load (the cluster's next `down` removes them)")
-        for ns in self.namespaces:          # each probe removes its own; one that did not unwind is removed here
-            drop_namespace(self.ctx.api, ns)
+                                   f"(the cluster's next `down` removes the namespaces; the emulators, Prometheus and load end with the leg)")
+        drop_namespaces(self.ctx.api, self.namespaces, self.ctx.log)   # each probe removes its own; here the rest
 
     @step()
     def retry(self) -> list[dict]:

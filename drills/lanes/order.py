@@ -25,6 +25,7 @@ point it waits for) and records its row, so the leg takes about as long as its l
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -44,8 +45,8 @@ from ..drill.shapes import RolloutSpec
 from ..core.steps import last_set_weight, steps_text
 from ..toolchain import Toolchain
 from ..core.wait import WaitTimeout
-from ..drill.together import Together
-from .base import LaneContext, Runbook, step
+from ..drill.together import Together, raising
+from .base import LaneContext, Runbook, drop_namespaces, step
 
 STEP_END, STEP_MID, STEP_HAZARD = "end-of-steps", "mid-steps", "hazard-replica-progress-threshold"
 STEP_SCALE_OUT = "scale-out-while-partial"
@@ -120,35 +121,59 @@ class LaneOrder(Runbook):
         """One Rollout per probe, each in a namespace of its own (the recorder's audit-log check covers every
         route object of its namespace)."""
         if key not in self.drills:
-            ns = make_namespace(self.ctx.api, namespace_name(f"order-{self.fx[key]['name']}"))
-            self.namespaces.append(ns)
-            name = self.fx[key]["name"]
+            ns = namespace_name(f"order-{self.fx[key]['name']}")
+            self.namespaces.append(ns)          # recorded first: a signal inside the create still finds it
+            make_namespace(self.ctx.api, ns)
             self.drills[key] = DrillRollout(self.ctx.api, ns, spec_of(self.fx[key]), self.ev,
-                                            log=lambda m: self.ctx.log(f"[{name}] {m}"),
+                                            log=self.together().lines_of(key, f"[{self.fx[key]['name']}] "),
                                             controller_version=self.ctx.name, audit_log=self.ctx.audit_log)
         return self.drills[key]
 
     def started_probes(self) -> Together:
         """The lane's probes, started at its first probe step, side by side (each Rollout in a namespace of its own,
-        made here in this thread); the hazard probe only where the version's CRD has the field."""
-        if self.probes is None:
+        made here in this thread); the hazard probe only where the version's CRD has the field.  A probe that cannot
+        be set up fails its own step, not the others'."""
+        t = self.together()
+        if "end_of_steps" not in t:
             jobs = {"end_of_steps": self._end_of_steps_probe, "mid_steps": self._mid_steps_probe,
                     "scale_out": self._scale_out_probe}
-            if self.hazard_applicable()[0]:
-                jobs["hazard_replica_progress_threshold"] = self._hazard_probe
-            for key in jobs:
-                self.drill(key)
-                self.ctx.log(f"[{self.fx[key]['name']}] probe {key} in namespace {self.drills[key].ns}")
+            try:
+                if self.hazard_applicable()[0]:
+                    jobs["hazard_replica_progress_threshold"] = self._hazard_probe
+            except Exception:               # the hazard step asks again and fails with it
+                pass
+            for key, fn in jobs.items():
+                try:
+                    d = self.drill(key)
+                except Exception as e:      # its namespace not made: raised in its own step
+                    jobs[key] = raising(e)
+                    continue
+                d.log(f"probe {key} in namespace {d.ns}")
+                jobs[key] = functools.partial(self._unwinding, d, fn)
             self.run_together(jobs)
-        return self.probes
+        return t
+
+    @staticmethod
+    def _unwinding(d: DrillRollout, fn, reached):
+        """A probe that stops (told to, or failing) releases its holds and stops its recording itself: the probes
+        unwind side by side, before the lane removes their namespaces."""
+        try:
+            return fn(reached)
+        except BaseException:
+            d.cleanup()
+            raise
 
     def close(self) -> None:
-        self.stop_probes(leftovers=f"namespaces {', '.join(self.namespaces)} (the cluster's next `down` removes "
-                                   f"them)")
-        for d in self.drills.values():
-            d.cleanup()
-        for ns in self.namespaces:
-            drop_namespace(self.ctx.api, ns)
+        stuck = self.stop_probes(leftovers=f"namespaces {', '.join(self.namespaces)} (the cluster's next `down` "
+                                           f"removes them)")
+        for key, d in self.drills.items():
+            if key in stuck:            # still running: its holds and recording go with its namespace
+                continue
+            try:
+                d.cleanup()
+            except Exception as e:
+                self.ctx.log(f"order: the clean-up of probe {key} failed ({e})")
+        drop_namespaces(self.ctx.api, self.namespaces, self.ctx.log)
 
     def _lines(self) -> dict:
         if not self.bm:

@@ -77,9 +77,6 @@ class Prometheus:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._unregister = unregister
-        # its record's name is its own: the legs of a run (lanes abort, escape, alert) and the probes of a lane run
-        # theirs on one cluster at once, and a shared name let one's record replace another's
-        self.name = f"prometheus-{self.port}"
         self._logf = open(self.log, "ab")
         self.proc = subprocess.Popen(
             [str(self.binary), f"--config.file={self.config_path}", f"--storage.tsdb.path={self.workdir / 'data'}",
@@ -87,6 +84,9 @@ class Prometheus:
              "--web.enable-lifecycle", "--log.level=warn"],
             stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             preexec_fn=die_with_parent)
+        # its record's name is its own (its pid): the legs of a run (lanes abort, escape, alert) and the probes of a
+        # lane run theirs on one cluster at once, and a shared name let one's record replace another's
+        self.name = f"prometheus-{self.proc.pid}"
         try:
             if register is not None:
                 register(self.name, self.proc.pid, [self.port], self.log)
