@@ -13,12 +13,16 @@ TEST_CONTROLLERS ?= v1.8.2,v1.10.2
 # (85 and 81 %); ten workers 15.4 (85 %: the cores are the limit).  From empty caches: 30.4 min with six and four
 # (84 %, every build done at minute 17.8), 34.2 with eight and eight (83 %, the builds slower beside the tests: done
 # at minute 26.0).  Eight workers and eight legs held about 14 GiB of memory at the busiest: on a smaller machine set
-# both lower, e.g. TEST_WORKERS=4 TEST_LANE_JOBS=4)
+# both lower, e.g. TEST_WORKERS=4 TEST_LANE_JOBS=4).  Since lanes abort, order and escape run their probes side by side
+# within a leg (three or four Rollouts, each abort and escape probe with its own Locust, mesh emulator and Prometheus),
+# eight legs at once put more than thirty runnable processes on the two cores (load 33): a promtool run that takes
+# 7 CPU-s passed its 120 s timeout and an apiserver missed a 2 s deadline; five legs keep the peak near what eight
+# legs of one probe each made
 # the components beside the controllers that the tests build (make toolchain; tests/conftest.py's SESSION_EXTRAS)
 TEST_EXTRAS = prometheus,registry,kube-state-metrics
 TOOLCHAIN_BUILT = $(shell $(PYTHON) -c 'from drills.toolchain import Toolchain, components_for, resolve_controller_versions as v; t = Toolchain(); print("yes" if all(t.is_built(c) for c in components_for(v("$(TEST_CONTROLLERS)", check_served=False), "$(TEST_EXTRAS)".split(","))) else "no")' 2>/dev/null)
 TEST_WORKERS ?= $(if $(filter yes,$(TOOLCHAIN_BUILT)),8,6)
-TEST_LANE_JOBS ?= $(if $(filter yes,$(TOOLCHAIN_BUILT)),8,4)
+TEST_LANE_JOBS ?= $(if $(filter yes,$(TOOLCHAIN_BUILT)),5,4)
 # more pytest arguments for the tests (e.g. --junitxml=FILE); the drills' own pytest runs never see them
 PYTEST_ARGS ?=
 
