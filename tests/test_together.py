@@ -204,3 +204,23 @@ def test_a_lane_closed_with_its_probes_in_flight_stops_them_and_each_cleans_up(t
     assert lines == ["two-probes: stopping 2 probe(s) in flight (lane two-probes ended with its probes in flight)"]
     with pytest.raises(Interrupted):
         lane.probes.wait("two")
+
+
+def test_after_the_stop_a_stuck_probes_lines_come_as_they_are_written():
+    out: list[str] = []
+    t = Together("order", out.append, stop_s=0.5, hold_lines=True)
+    release = threading.Event()
+    log = t.lines_of("deaf", "[deaf] ")
+
+    def deaf(reached):          # waits where no stop reaches it
+        log("before")
+        release.wait(60)
+        log("its clean-up")
+
+    t.start("deaf", deaf)
+    until("its first line, held", lambda: "[deaf] before" in t._lines.get("deaf", []), timeout=30, interval=0.01)
+    assert out == []
+    assert t.stop(Interrupted(signal.SIGINT)) == ["deaf"]
+    assert "[deaf] before" in out                      # what no step read, written at the stop
+    release.set()
+    assert t.outcome("deaf") is None and out[-1] == "[deaf] its clean-up"

@@ -45,6 +45,7 @@ def raising(error: BaseException) -> Callable:
     """A probe that could not be set up (its namespace not made): its failure, raised in the step that reads it."""
     def probe(reached):
         raise error
+    probe.failed = error
     return probe
 
 
@@ -72,7 +73,10 @@ class Together:
 
         def log(m: str) -> None:
             with self._changed:
-                self._lines.setdefault(name, []).append(prefix + m)
+                if self.hold_lines:
+                    self._lines.setdefault(name, []).append(prefix + m)
+                    return
+            self.log(prefix + m)
         return log
 
     def _write_lines(self, names) -> None:
@@ -175,6 +179,7 @@ class Together:
         finally:
             with self._changed:
                 names = list(self._lines)
+                self.hold_lines = False     # a probe still running (stuck) writes its later lines as they come
             self._write_lines(names)
 
     def _stop(self, cause: Interrupted, leftovers: str) -> list[str]:

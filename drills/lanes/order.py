@@ -140,9 +140,11 @@ class LaneOrder(Runbook):
             try:
                 if self.hazard_applicable()[0]:
                     jobs["hazard_replica_progress_threshold"] = self._hazard_probe
-            except Exception:               # the hazard step asks again and fails with it
-                pass
+            except Exception as e:          # the hazard step's own failure (it asks again, and meets this)
+                jobs["hazard_replica_progress_threshold"] = raising(e)
             for key, fn in jobs.items():
+                if getattr(fn, "failed", None) is not None:     # already a failure (together.raising)
+                    continue
                 try:
                     d = self.drill(key)
                 except Exception as e:      # its namespace not made: raised in its own step
@@ -160,7 +162,10 @@ class LaneOrder(Runbook):
         try:
             return fn(reached)
         except BaseException:
-            d.cleanup()
+            try:
+                d.cleanup()
+            except Exception as e:          # the probe's own failure is what its step hears
+                d.log(f"clean-up after the probe stopped failed ({type(e).__name__}: {e})")
             raise
 
     def close(self) -> None:

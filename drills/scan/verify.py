@@ -219,10 +219,10 @@ def run_shapes(api, shapes: list[Shape], version: str, evidence_dir: Path, audit
                 except Exception:
                     pass
                 continue
-            probes.start(spec.name, one, i, ns, slotted=True)
+            probes.start(f"{spec.name} (shape {i + 1})", one, i, ns, slotted=True)
         for i in range(len(specs)):
-            if specs[i].name in probes:
-                results[i] = probes.outcome(specs[i].name)
+            if f"{specs[i].name} (shape {i + 1})" in probes:
+                results[i] = probes.outcome(f"{specs[i].name} (shape {i + 1})")
     except BaseException as e:              # a signal, or this thread's own failure: no probe is left behind
         cause = e if isinstance(e, Interrupted) else Interrupted(
             signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM,
