@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,7 @@ def test_run_folders_go_to_reports_of_the_working_directory_or_where_told(tmp_pa
     assert v["reports"] == str(here / "reports") and v["data"] == str(ROOT / "fixtures")
 
 
+HERE_JOBS = re.compile(r"here \d+\)")
 READER_CASES = [(("version",), 0), (("run", "--help"), 0),
                 (("run", "--plan", "--lanes", "all", "--controller", "all"), 0), (("cluster", "status"), 1),
                 (("cluster", "up", "--controller", ""), 2)]
@@ -166,7 +168,8 @@ def test_a_reader_that_leaves_early_changes_neither_the_exit_code_nor_the_rest(a
     left = _with_reader_gone(args, env, stream)
     assert (kept.stdout or kept.stderr) and (kept.returncode, left.returncode) == (code, code), (kept.stderr, left)
     if stream == "stderr":
-        assert left.stdout == kept.stdout
+        # `run --help` says the legs this machine holds now ("here N"): its available memory may change in between
+        assert HERE_JOBS.sub("here N)", left.stdout) == HERE_JOBS.sub("here N)", kept.stdout)
     elif stream == "stdout":
         assert left.stderr == kept.stderr, left.stderr
     else:       # no standard output at all: argparse's help goes to stderr then (Python's own choice)

@@ -257,17 +257,24 @@ def test_a_signal_whose_interrupted_a_finalizer_swallowed_is_raised_again():
     caught = 0
     try:
         for _ in range(20):
-            started = threading.Event()
-            sender = threading.Thread(target=lambda: (started.wait(10), os.kill(os.getpid(), signal.SIGINT)))
+            started, sent = threading.Event(), threading.Event()
+            sender = threading.Thread(target=lambda: (started.wait(10), os.kill(os.getpid(), signal.SIGINT),
+                                                      sent.set()))
             try:                     # the guard's end raises one its re-delivery had not yet brought
                 with SignalGuard():
                     sender.start()
-                    for i in range(300_000):
+                    # churn until the signal was sent and a while after (on a loaded machine the sender may run
+                    # only after a fixed number of rounds would have ended: the signal would come after the guard)
+                    after, i = 0, 0
+                    while after < 100_000 and i < 50_000_000:
                         a, b = _Finalized(), _Finalized()
                         a.other, b.other = b, a          # a cycle: the GC runs the finalizers, in the middle of it
                         del a, b
+                        i += 1
                         if i == 100:
                             started.set()
+                        if sent.is_set():
+                            after += 1
             except Interrupted:
                 caught += 1
             sender.join()
