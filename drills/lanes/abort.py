@@ -20,17 +20,15 @@ outcome's rows once that outcome is observed.
 """
 from __future__ import annotations
 
-import functools
 from functools import cached_property
 from pathlib import Path
 
 from ..traffic import load
-from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
+from ..cluster.namespaces import drop_namespace
 from ..record.ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from ..routers import ISTIO
 from .abort_drill import STEPS, AbortObservation, SelfAbortDrill, fmt
-from ..drill.together import raising
-from .base import Runbook, drop_namespaces, step
+from .base import Runbook, step
 
 
 class LaneAbort(Runbook):
@@ -38,16 +36,13 @@ class LaneAbort(Runbook):
     estimate_s = 120.0
     title = "the rollback that aborts itself: whole-service query, per-revision query, rollbackWindow"
     extras = ("prometheus",)
+    probes_leave = ", their mesh emulators, Prometheus and load (these end with the leg)"
     probes_stop_s = 40.0      # a probe's unwinding stops its load (Locust writes its stats: up to 35 s), Prometheus, mesh
 
     @cached_property
     def fx(self) -> dict:
         """fixtures/lanes/abort/drill.yaml: the Rollout, the analysis, the load, the three outcomes."""
         return self.data("drill.yaml")
-
-    @cached_property
-    def namespaces(self) -> list[str]:
-        return []
 
     @cached_property
     def observations(self) -> dict[str, AbortObservation]:
@@ -64,26 +59,11 @@ class LaneAbort(Runbook):
     def _outcome(self, name: str) -> list[dict]:
         """One outcome on a fresh Rollout in a namespace of its own; the three run side by side (each with its own
         mesh emulator, Prometheus and load), started together at the first step."""
-        if self.probes is None:
-            jobs = {}
-            for outcome in STEPS:
-                ns = namespace_name(f"abort-{outcome}")
-                self.namespaces.append(ns)      # recorded first: a signal inside the create still finds it
-                try:
-                    make_namespace(self.ctx.api, ns)
-                except Exception as e:          # raised in its own step, not the others'
-                    jobs[outcome] = raising(e)
-                    continue
-                jobs[outcome] = functools.partial(self._run_outcome, outcome, ns)
-            self.run_together(jobs)
+        self.start_in_namespaces("abort", STEPS, self._run_outcome)
         obs = self.probes.wait(name)
         self.observations[name] = obs
         return outcome_rows(self, obs, self.expected(name))
 
-    def close(self) -> None:
-        self.stop_probes(leftovers=f"namespaces {', '.join(self.namespaces)} with their mesh emulators, Prometheus "
-                                   f"(the cluster's next `down` removes the namespaces; the emulators, Prometheus and load end with the leg)")
-        drop_namespaces(self.ctx.api, self.namespaces, self.ctx.log)   # each probe removes its own; here the rest
 
     @step()
     def whole_service_query(self) -> list[dict]:

@@ -26,10 +26,10 @@ from typing import Callable, ClassVar
 import yaml
 
 from ..core import config
-from ..cluster.namespaces import drop_namespace
+from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
 from ..core.errors import BadInput
 from ..core.signals import Interrupted
-from ..drill.together import Together
+from ..drill.together import Together, raising
 from ..drill.kit import NO_EXPECTATION
 from ..record.ledger import PASS, UNVERIFIED, Ledger, describe_row
 from ..core import fastyaml
@@ -142,6 +142,7 @@ class Runbook:
         self.expectations: dict = (entry or {}) if self.verified else {}
         self.no_expectation = USER_BUILT if user_built else NO_EXPECTATION
         self.probes: Together | None = None
+        self.namespaces: list[str] = []      # the probes' namespaces (start_in_namespaces), removed at close
 
     # --- probes side by side --------------------------------------------------------------------------------
     def together(self) -> Together:
@@ -161,6 +162,23 @@ class Runbook:
             if name not in t:
                 t.start(name, fn)
         return t
+
+    def start_in_namespaces(self, prefix: str, names, probe) -> Together:
+        """``probe(name, namespace, reached=...)`` for each of ``names``, side by side, each in a namespace of its own
+        (``<prefix>-<name>``, made here, recorded before it is made); one that cannot be made fails its own step."""
+        if self.probes is None or not any(n in self.probes for n in names):
+            jobs = {}
+            for name in names:
+                ns = namespace_name(f"{prefix}-{name}")
+                self.namespaces.append(ns)      # recorded first: a signal inside the create still finds it
+                try:
+                    make_namespace(self.ctx.api, ns)
+                except Exception as e:          # raised in its own step, not the others'
+                    jobs[name] = raising(e)
+                    continue
+                jobs[name] = functools.partial(probe, name, ns)
+            self.run_together(jobs)
+        return self.probes
 
     def stop_probes(self, leftovers: str = "") -> list[str]:
         """Probes still in flight (the leg stopped, or a step failed and the session ended) are told to stop and
@@ -219,9 +237,15 @@ class Runbook:
         assert row["verdict"] in allowed, describe_row(row)
         return row
 
+    # what a probe of the lane leaves when it is stopped, besides its namespace (said if it does not stop)
+    probes_leave: ClassVar[str] = ""
+
     def close(self) -> None:
-        """Stop what the lane started (override, calling ``stop_probes`` first; always called)."""
-        self.stop_probes()
+        """Stop what the lane started (always called): the probes in flight, then their namespaces (a lane that
+        overrides it and runs probes side by side calls ``stop_probes`` first)."""
+        self.stop_probes(leftovers=f"namespaces {', '.join(self.namespaces)}{self.probes_leave} (the cluster's next "
+                                   f"`down` removes the namespaces)")
+        drop_namespaces(self.ctx.api, self.namespaces, self.ctx.log)
 
     # --- the report ----------------------------------------------------------------------------------
     @classmethod

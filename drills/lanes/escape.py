@@ -18,21 +18,19 @@ The four escapes need nothing from each other: they start together at the first 
 """
 from __future__ import annotations
 
-import functools
 from functools import cached_property
 from pathlib import Path
 
 from ..record import timeline
 from ..core.config import version_order
-from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
+from ..cluster.namespaces import drop_namespace
 from ..record.ledger import FAIL, INCONCLUSIVE, PASS, UNVERIFIED
 from ..record.plots import plot_paths
 from ..kube.rollout import Predicate, healthy
 from ..core.wait import WaitTimeout, hold_for
 from .abort import LaneAbort
 from .abort_drill import SelfAbortDrill
-from ..drill.together import raising
-from .base import Runbook, drop_namespaces, step
+from .base import Runbook, step
 from ..core import fastyaml
 
 ESCAPES = ("retry", "promote", "promote-full", "undo")
@@ -148,6 +146,7 @@ class LaneEscape(Runbook):
     estimate_s = 120.0
     title = "the four escapes from an aborted Rollout: retry, promote, promote --full, undo"
     extras = ("prometheus",)
+    probes_leave = ", their mesh emulators, Prometheus and load (these end with the leg)"
     probes_stop_s = 40.0      # a probe's unwinding stops its load (Locust writes its stats: up to 35 s), Prometheus, mesh
 
     @cached_property
@@ -159,10 +158,6 @@ class LaneEscape(Runbook):
     def observations(self) -> dict[str, dict]:
         return {}
 
-    @cached_property
-    def namespaces(self) -> list[str]:
-        return []
-
     def _run_escape(self, name: str, ns: str, reached) -> dict:
         try:
             return EscapeDrill(self.ctx.api, self.ctx.cluster, ns, name, Path(self.ctx.evidence_dir), self.ctx.name,
@@ -173,26 +168,11 @@ class LaneEscape(Runbook):
     def _escape(self, name: str) -> list[dict]:
         """One escape on a fresh aborted Rollout in a namespace of its own; the four run side by side (each with its
         own mesh emulator, Prometheus and load), started together at the first step."""
-        if self.probes is None:
-            jobs = {}
-            for escape in ESCAPES:
-                ns = namespace_name(f"escape-{escape}")
-                self.namespaces.append(ns)      # recorded first: a signal inside the create still finds it
-                try:
-                    make_namespace(self.ctx.api, ns)
-                except Exception as e:          # raised in its own step, not the others'
-                    jobs[escape] = raising(e)
-                    continue
-                jobs[escape] = functools.partial(self._run_escape, escape, ns)
-            self.run_together(jobs)
+        self.start_in_namespaces("escape", ESCAPES, self._run_escape)
         obs = self.probes.wait(name)
         self.observations[name] = obs
         return escape_rows(self, name, obs, self.expected(name) or {})
 
-    def close(self) -> None:
-        self.stop_probes(leftovers=f"namespaces {', '.join(self.namespaces)} with their mesh emulators, Prometheus "
-                                   f"(the cluster's next `down` removes the namespaces; the emulators, Prometheus and load end with the leg)")
-        drop_namespaces(self.ctx.api, self.namespaces, self.ctx.log)   # each probe removes its own; here the rest
 
     @step()
     def retry(self) -> list[dict]:
