@@ -114,7 +114,6 @@ class LaneOrder(Runbook):
         installed = (ctx.cluster.status().get("crd_source") if ctx.cluster is not None else None)
         self.crds_dir = Path(opts.get("crds") or installed or Toolchain().ensure_crds(ctx.version))
         self.drills: dict[str, DrillRollout] = {}
-        self.namespaces: list[str] = []
 
     # --- plumbing -------------------------------------------------------------------------------------
     def drill(self, key: str) -> DrillRollout:
