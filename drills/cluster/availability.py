@@ -119,6 +119,7 @@ class Releaser:
         self.conf: dict = {"default_delay": 1.0, "holds": []}
         self.last_release: dict[str, float] = {}
         self.stop = threading.Event()
+        self.wake = threading.Event()       # a pod or the holds changed (or a stop): decide again now
         self.loops: list[ListWatch] = []
 
     def _watch_pods(self):
@@ -132,6 +133,7 @@ class Releaser:
                 for k in list(self.pending):
                     if k not in current:
                         del self.pending[k]
+            self.wake.set()
 
         def on_event(etype, p):
             with self.lock:
@@ -139,6 +141,7 @@ class Releaser:
                     self.pending.pop((p["metadata"]["namespace"], p["metadata"]["name"]), None)
                 else:
                     self._note(p, time.monotonic())
+            self.wake.set()
         self._loop("pod", ListWatch(self.core.list_pod_for_all_namespaces, timeout_seconds=300), on_list, on_event)
 
     def _note(self, p: dict, now: float):
@@ -156,6 +159,7 @@ class Releaser:
             data = json.loads(((obj or {}).get("data") or {}).get("config.json") or "{}")
             with self.lock:
                 self.conf = {"default_delay": float(data.get("default_delay", 1.0)), "holds": data.get("holds", [])}
+            self.wake.set()
 
         def on_list(items, rv, relisted):
             if items:
@@ -178,8 +182,11 @@ class Releaser:
                 lw.resource_version = None
                 self.stop.wait(0.2)
 
-    def _decide(self) -> list[tuple[str, str]]:
+    def _decide(self) -> tuple[list[tuple[str, str]], float | None]:
+        """The pods to release now, and when the next pending one falls due (monotonic; None: none will until a
+        pod or the holds change)."""
         now = time.monotonic()
+        due: list[float] = []
         holds = [Hold(h["id"], h["namespace"], h.get("selector") or {}, h.get("period"), bool(h.get("batch")))
                  for h in self.conf["holds"]]
         to_release = []
@@ -189,6 +196,8 @@ class Releaser:
             if hold is None:
                 if now - info["seen"] >= self.conf["default_delay"]:
                     to_release.append(key)
+                else:
+                    due.append(info["seen"] + self.conf["default_delay"])
             else:
                 by_hold.setdefault(hold.id, []).append((info["seen"], key))
         for h in holds:
@@ -199,14 +208,18 @@ class Releaser:
             if now - start >= h.period:
                 to_release.extend([k for _, k in queue] if h.batch else [queue[0][1]])
                 self.last_release[h.id] = now
-        return to_release
+            else:
+                due.append(start + h.period)
+        return to_release, min(due, default=None)
 
     def run(self):
         for target in (self._watch_pods, self._watch_config):
             threading.Thread(target=target, daemon=True).start()
         while not self.stop.is_set():
+            self.wake.clear()
+            decided = time.monotonic()
             with self.lock:
-                keys = self._decide()
+                keys, due = self._decide()
             for ns, name in keys:
                 try:
                     self.core.patch_namespaced_pod(name, ns,
@@ -217,7 +230,11 @@ class Releaser:
                         print(f"releaser: release {ns}/{name} failed: {e.status}", file=sys.stderr, flush=True)
                 with self.lock:
                     self.pending.pop((ns, name), None)
-            self.stop.wait(0.05)
+            if not keys:        # asleep until the next pod falls due, or a pod or the holds change (an idle
+                # cluster's releaser costs no CPU); a minute at most, and a stop wakes it
+                self.wake.wait(60.0 if due is None else min(60.0, max(0.0, due - time.monotonic())))
+            # twenty decisions a second at most: pod events come in bursts
+            self.stop.wait(max(0.0, decided + 0.05 - time.monotonic()))
 
 
 def _wait_for_cluster(kubeconfig: str, timeout: float = 120) -> None:
@@ -243,6 +260,7 @@ def main(argv=None) -> int:
     r = Releaser(api)
     def _term(*_):
         r.stop.set()
+        r.wake.set()
         for lw in r.loops:
             lw.stop()
     signal.signal(signal.SIGTERM, _term)
