@@ -111,12 +111,35 @@ def spread(xs: list[float]) -> str:
     return f"median {statistics.median(xs):.2f}s  min {min(xs):.2f}s  max {max(xs):.2f}s  (n={len(xs)})"
 
 
+def idle_cpu(c: EmbeddedCluster, controller: str, seconds: float) -> None:
+    """A cluster left alone: each of its processes' CPU seconds a minute, over ``seconds`` after a 30 s settle."""
+    c.down(quiet=True)
+    c.up(controller, build=False)
+    try:
+        time.sleep(30)
+        pids = c.all_pids()
+        before = {pid: cpu_s(pid) for pid in pids}
+        time.sleep(seconds)
+        after = {pid: cpu_s(pid) for pid in pids}
+    finally:
+        c.down(quiet=True)
+    per: dict[str, float] = {}
+    for pid, (name, secs) in before.items():
+        if after[pid][0] == name:           # still the same process
+            per[name] = per.get(name, 0.0) + (after[pid][1] - secs) * 60 / seconds
+    print(f"\nidle cluster, {seconds:.0f} s after a 30 s settle: {sum(per.values()):.2f} CPU-s a minute (" + ", ".join(
+        f"{k} {v:.2f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])) + ")")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--controller", default=config.DEFAULT_CONTROLLER)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cli-rounds", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="also time a cold up (the snapshot removed first)")
+    ap.add_argument("--idle", type=float, default=0.0, metavar="SECONDS",
+                    help="also: the CPU a minute of an idle cluster, each process's, measured over SECONDS after "
+                         "a 30 s settle (a test run keeps eight clusters up at once)")
     args = ap.parse_args()
     print("load average at the start (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     name = (os.environ.get("DRILLS_CLUSTER") or config.EMBEDDED_CLUSTER_NAME) + "-bench"
@@ -183,6 +206,9 @@ def main() -> None:
     median_round = sorted(range(len(ups)), key=lambda i: ups[i])[len(ups) // 2]
     print_phases(f"\nphases of one warm start (round {median_round + 1}, the median)", phases[median_round],
                  events[median_round])
+
+    if args.idle > 0:
+        idle_cpu(c, args.controller, args.idle)
 
     cli_ups, cli_downs = [], []
     env = dict(os.environ, DRILLS_CLUSTER=name)

@@ -92,6 +92,14 @@ class PhaseClock:
 
 
 ETCD_TICK_MS = 100
+# the controller manager's controllers a drill needs: pods of ReplicaSets (and of a Deployment: a live scan's
+# controller Deployment), owners' garbage, namespaces deleted with their objects, a namespace's default
+# ServiceAccount (a pod is refused without it), a Ready node's not-ready taint lifted (no pod is scheduled before),
+# autoscalers, the aggregated ClusterRoles, orphaned pods
+CONTROLLERS = ("replicaset-controller", "deployment-controller", "garbage-collector-controller",
+               "namespace-controller", "serviceaccount-controller", "node-lifecycle-controller",
+               "horizontal-pod-autoscaler-controller", "clusterrole-aggregation-controller",
+               "pod-garbage-collector-controller")
 CONTROL_PLANE_GOGC = 400
 
 
@@ -147,7 +155,17 @@ def kwokctl_configuration(tc, folder: Path, ports: list[int], api_port: int | No
     envs = [{"name": "GOGC", "value": str(CONTROL_PLANE_GOGC)}, {"name": "GOMAXPROCS", "value": "1"}]
     for patch in patches:
         patch["extraEnvs"] = list(envs)
-    patches.append({"name": "kube-apiserver", "extraEnvs": list(envs)})
+    # what an embedded cluster does not need, left out of every minute of its life (a test run keeps eight up at once
+    # and starts over a hundred): the controller manager runs only the controllers a drill's objects need, and the
+    # apiserver no priority and fairness (its configuration controller and per-request queueing: a cluster of one
+    # drill has no tenants to keep apart), no reconciling of the `kubernetes` Service's endpoints and no identity
+    # Lease (each rewritten every 10 s).  Idle CPU: benchmarks/bench_cluster.py --idle
+    next(p for p in patches if p["name"] == "kube-controller-manager")["extraArgs"].append(
+        {"key": "controllers", "value": ",".join(CONTROLLERS)})
+    patches.append({"name": "kube-apiserver", "extraEnvs": list(envs), "extraArgs": [
+        {"key": "enable-priority-and-fairness", "value": "false"},
+        {"key": "endpoint-reconciler-type", "value": "none"},
+        {"key": "feature-gates", "value": "APIServerIdentity=false,UnknownVersionInteroperabilityProxy=false"}]})
     conf = {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "options": opts,
             "componentsPatches": patches}
     stages = load_stages(tc.bin("kwok", config.KWOK_VERSION, "stages"))
