@@ -1,7 +1,7 @@
 """The `drills` command: every subcommand's arguments, and every error mapped to an exit code.
 
 Exit codes of every drill command: 0 all pass, 1 a fail, 2 bad input or a refused target (nothing mutated),
-3 inconclusive (drills.core.errors).  What each subcommand does is drills.commands.main.  Nothing in the package imports
+3 inconclusive (drills.core.errors).  What each subcommand does is drills.commands (main, or a module of its own).  Nothing in the package imports
 this module.
 """
 from __future__ import annotations
@@ -24,10 +24,11 @@ from .core.pipes import readers_may_leave
 from .core.signals import Interrupted, SignalGuard
 
 
-# --- the subcommands' bodies (drills.commands.main) load when one runs: parsing, --help of one command and bad input
-# cost no import of the drill machinery (the Kubernetes client, the lanes)
+# --- the subcommands' bodies (drills.commands) load when one runs: parsing, --help of one command and bad input
+# cost no import of the drill machinery (the Kubernetes client, the lanes); the cluster, toolchain and restore
+# commands never load it
 class _Command:
-    """``name`` of drills.commands.main; or ``run`` of a module of its own (``module``), given the progress line."""
+    """``name`` of drills.commands.main; or ``name`` of a module of its own (``module``), given the progress line."""
     def __init__(self, name: str, module: str | None = None):
         self.name, self.module = name, module
 
@@ -110,11 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "component built there the same way (module, version, fingerprint; the same Go and platform; each "
                         "binary's sha256 checked) "
                         "is copied from it instead of being compiled and linked again")
-    b.set_defaults(func=_Command("cmd_toolchain_build"))
+    b.set_defaults(func=_Command("cmd_toolchain_build", "commands.cluster"))
     ls = tcs.add_parser("list", help="what is built and what is supported")
     ls.add_argument("--json", action="store_true")
     _output(ls)
-    ls.set_defaults(func=_Command("cmd_toolchain_list"))
+    ls.set_defaults(func=_Command("cmd_toolchain_list", "commands.cluster"))
 
     rn = sub.add_parser("run", help="the main job: drill legs on embedded clusters into reports/<run-id>, or live mode",
                         formatter_class=_LazyRawHelp,
@@ -251,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--release-lease", action="store_true",
                     help="give the Rollout up without restoring it: remove the lease this journal's drill left "
                          "(the way out when a restore refuses)")
-    rs.set_defaults(func=_Command("cmd_restore"))
+    rs.set_defaults(func=_Command("cmd_restore", "commands.restore"))
 
     rd = sub.add_parser("render-diff", help="render an app with two base chart versions and list what changes")
     rd.add_argument("--app", required=True, help="the app (release name or Application name)")
@@ -396,13 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--controller", default=None, help=f"Argo Rollouts version (default {config.DEFAULT_CONTROLLER})")
     up.add_argument("--no-build", action="store_true", help="refuse (exit 2) instead of building missing binaries")
     up.add_argument("--api-port", type=int, default=None, help="kube-apiserver port on 127.0.0.1 (default: a free one)")
-    up.set_defaults(func=_Command("cmd_cluster_up"))
+    up.set_defaults(func=_Command("cmd_cluster_up", "commands.cluster"))
     stp = cls.add_parser("status", help="is it up, which controller, where")
     stp.add_argument("--json", action="store_true")
     _output(stp)
-    stp.set_defaults(func=_Command("cmd_cluster_status"))
+    stp.set_defaults(func=_Command("cmd_cluster_status", "commands.cluster"))
     dn = cls.add_parser("down", help="stop every process of the cluster")
-    dn.set_defaults(func=_Command("cmd_cluster_down"))
+    dn.set_defaults(func=_Command("cmd_cluster_down", "commands.cluster"))
     return p
 
 

@@ -15,17 +15,20 @@ ROOT = config.project_root()
 # runs one drills command; at its exit, whatever way it ends, writes the kubernetes modules it imported
 PROBE = ("import atexit, os, runpy, sys\n"
          "def said():\n"
+         "    of = os.environ.get('DRILLS_IMPORTS_OF', 'kubernetes').split(',')\n"
          "    with open(os.environ['DRILLS_IMPORTS_OUT'], 'w') as f:\n"
-         "        f.write(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes')))\n"
+         "        f.write(' '.join(sorted(m for m in sys.modules if any(m == o or m.startswith(o + '.') for o in of))))\n"
          "atexit.register(said)\n"
          "sys.argv = ['drills', *sys.argv[1:]]\n"
          "runpy.run_module('drills', run_name='__main__', alter_sys=True)\n")
 
 
-def imported(tmp_path, *args) -> tuple[int, str]:
+def imported(tmp_path, *args, of: str = "kubernetes") -> tuple[int, str]:
+    """A drills command's exit code, and the modules of ``of`` (comma-separated packages) it had imported."""
     out = tmp_path / "imports.txt"
     r = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=str(tmp_path), capture_output=True, text=True,
-                       timeout=120, env=dict(os.environ, DRILLS_IMPORTS_OUT=str(out), DRILLS_REPORTS=str(tmp_path)))
+                       timeout=120, env=dict(os.environ, DRILLS_IMPORTS_OUT=str(out), DRILLS_REPORTS=str(tmp_path),
+                                         DRILLS_IMPORTS_OF=of, DRILLS_CLUSTER=f"imports-{os.getpid()}"))
     assert out.is_file(), r.stderr[-2000:]
     return r.returncode, out.read_text()
 
@@ -46,6 +49,23 @@ def test_a_command_that_talks_to_no_cluster_imports_no_kubernetes_client(tmp_pat
     code, modules = imported(tmp_path, *args)
     assert code == rc
     assert modules == ""
+
+
+# the drill machinery: what the local commands (a test run calls them hundreds of times) never load
+MACHINERY = "drills.lanes,drills.drill,drills.record,drills.charts,drills.run,kubernetes"
+
+
+@pytest.mark.parametrize("args, rc", [
+    (("cluster", "status"), 1),             # no cluster of this name
+    (("cluster", "down"), 0),
+    (("toolchain", "list", "--json"), 0),
+    (("restore", "--journal", "no-such-journal.json"), 2),
+], ids=lambda a: " ".join(a) if isinstance(a, tuple) else None)
+def test_the_cluster_toolchain_and_restore_commands_load_no_drill_machinery(tmp_path, args, rc):
+    code, modules = imported(tmp_path, *args, of=MACHINERY)
+    assert code == rc
+    allowed = ("drills.drill.lease", "drills.drill.safety", "drills.drill.journal") if args[0] == "restore" else ()
+    assert [m for m in modules.split() if not m.startswith(allowed or "\0") and m != "drills.drill"] == []
 
 
 def test_the_client_is_imported_on_first_use_and_its_names_are_the_clients_own(tmp_path):

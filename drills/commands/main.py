@@ -16,7 +16,7 @@ from ..run import legs, runner
 from . import report as report_command
 from ..drill.autoscale import external_metrics_for
 from ..alerts import command as alerts_command
-from ..cluster import ClusterError, ClusterInputError, EmbeddedCluster, remains
+from ..cluster import ClusterError, ClusterInputError, EmbeddedCluster
 from ..cluster.embedded import audit_log_for
 from ..cluster.external_metrics import ExternalMetricsError
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
@@ -30,14 +30,13 @@ from ..run.live import check_inputs as live_check_inputs, live_controller, run_l
 from ..drill.probe import controller_log_of, observation_dict, run_probe
 from ..record.recorder import watch_rollout
 from ..charts.renderdiff import render_diff
-from ..drill.lease import release_lease
-from ..drill.safety import LEASE_ANNOTATION, restore_journal
+from ..drill.safety import LEASE_ANNOTATION
 from . import scan as scan_command
 from ..drill.shapes import RolloutSpec
 from ..core.signals import Interrupted, SignalGuard
 from ..core.steps import parse_steps, steps_text
-from ..toolchain import BuildError, Toolchain, components_for, resolve_controller_versions
-from ..toolchain.components import optional_components
+from ..toolchain import resolve_controller_versions
+from .cluster import one_version as _one_version
 from ..reporting.upgrade import changes_table
 from ..record.swap_rows import line as swap_line
 from ..run.upgrade_check import UPGRADE_FILE, upgrade_check, user_binary
@@ -54,94 +53,6 @@ def err(msg: str) -> None:
 
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-# --- toolchain -------------------------------------------------------------------------------
-def _extras_arg(spec: str | None) -> list[str]:
-    known = list(optional_components())
-    extras = [e.strip() for e in (spec or "").split(",") if e.strip()]
-    unknown = [e for e in extras if e not in known]
-    if unknown:
-        raise BadInput(f"--extra: unknown component(s) {', '.join(unknown)} (known: {', '.join(known)})")
-    return extras
-
-
-def cmd_toolchain_build(args) -> int:
-    versions = resolve_controller_versions(args.controller)
-    if args.jobs is not None and not 1 <= args.jobs <= 8:
-        raise BadInput(f"-j {args.jobs}: give 1 to 8 components at a time")
-    reuse = Path(args.reuse).expanduser().absolute() if args.reuse and args.reuse.strip() else None
-    if args.reuse is not None and not (reuse and reuse.is_dir()):
-        raise BadInput(f"--reuse {args.reuse!r}: not a folder (give a drills cache, e.g. a builder's cache mount)")
-    tc = Toolchain(reuse=reuse)
-    try:
-        tc.ensure(components_for(versions, _extras_arg(args.extra)), jobs=args.jobs)
-    except BuildError as e:
-        err(str(e))
-        return EXIT_FAIL
-    print(f"toolchain ready in {tc.root}: controllers {', '.join(versions)}")
-    return EXIT_OK
-
-
-def cmd_toolchain_list(args) -> int:
-    rows = Toolchain().listing()
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return EXIT_OK
-    print(f"{'component':<12} {'version':<10} {'built':<6} {'supported':<9} path")
-    for r in rows:
-        print(f"{r['component']:<12} {r['version']:<10} {'yes' if r['built'] else 'no':<6} "
-              f"{'yes' if r['supported'] else 'no':<9} {r['path'] or ''}")
-    return EXIT_OK
-
-
-# --- cluster ----------------------------------------------------------------------------------
-def _one_version(spec: str | None) -> str:
-    versions = resolve_controller_versions(spec)
-    if len(versions) != 1:
-        raise BadInput("give one controller version")
-    return versions[0]
-
-
-def cmd_cluster_up(args) -> int:
-    if args.api_port is not None and not 1024 <= args.api_port <= 65535:
-        raise BadInput(f"--api-port {args.api_port}: give a port in 1024..65535")
-    version = _one_version(args.controller)
-    remains.reap(_progress)             # the clusters a killed run left
-    try:
-        st = EmbeddedCluster().up(version, build=not args.no_build, api_port=args.api_port)
-    except ClusterInputError as e:
-        raise BadInput(str(e).splitlines()[0])
-    except (ClusterError, BuildError) as e:
-        err(str(e))
-        return EXIT_FAIL
-    print(json.dumps({k: st.get(k) for k in ("ready", "controller_version", "kubeconfig", "api_server")}))
-    return EXIT_OK
-
-
-def cmd_cluster_status(args) -> int:
-    c = EmbeddedCluster()
-    try:
-        c.check_state()
-    except ClusterInputError as e:
-        raise BadInput(str(e)) from None
-    st = c.status()
-    if args.json:
-        print(json.dumps(st, indent=2))
-    elif "processes" not in st:
-        print(st.get("error") or "no embedded cluster")
-    else:
-        print(f"cluster {st['cluster']}: {'ready' if st['ready'] else 'NOT ready'}, controller "
-              f"{st['controller_version']}, api {st['api_server']}, kubeconfig {st['kubeconfig']}")
-        for p in st["processes"]:
-            print(f"  {p['name']:<24} pid {p['pid']:<8} {'alive' if p['alive'] else 'dead':<6} "
-                  f"ports {','.join(map(str, p.get('ports') or [])) or '-'}  log {p.get('log')}")
-    return EXIT_OK if st.get("ready") else EXIT_FAIL
-
-
-def cmd_cluster_down(args) -> int:
-    EmbeddedCluster().down()
-    return EXIT_OK
 
 
 # --- run ---------------------------------------------------------------------------------------
@@ -446,12 +357,6 @@ def cmd_watch(args) -> int:
                             audit_log=Path(audit) if audit else None, progress=_progress)
     print(json.dumps(summary, indent=2))
     return EXIT_OK if summary["complete"] else EXIT_INCONCLUSIVE
-
-
-def cmd_restore(args) -> int:
-    if args.release_lease:
-        return EXIT_OK if release_lease(Path(args.journal), args.allow_context, log=_progress) else EXIT_INCONCLUSIVE
-    return EXIT_OK if restore_journal(Path(args.journal), args.allow_context, log=_progress) else EXIT_INCONCLUSIVE
 
 
 # --- render-diff, report, lanes --------------------------------------------------------------------
