@@ -3,7 +3,7 @@ builds and saves the snapshot), warm `up` to the first reconcile of the controll
 phases of one instrumented warm start, `down`, the CLI's `cluster up`/`down`, the peak RSS of the whole
 control plane and the CPU seconds its start costs (a test run starts over a hundred clusters).
 
-    python benchmarks/bench_cluster.py [--controller v1.8.2] [--rounds 5] [--cold] [--cli-rounds 3]
+    python benchmarks/bench_cluster.py [--controller v1.8.2] [--rounds 5] [--cold] [--cli-rounds 3] [--idle 180]
 
 Target (issue): warm `up` to a reconciling controller (the sentinel Rollout's status written by this run's
 controller) <= 3 s on 2 cores; measured before the snapshot cache: 8.3 s.
@@ -125,8 +125,10 @@ def idle_cpu(c: EmbeddedCluster, controller: str, seconds: float) -> None:
         c.down(quiet=True)
     per: dict[str, float] = {}
     for pid, (name, secs) in before.items():
-        if after[pid][0] == name:           # still the same process
+        if name and after[pid][0] == name:      # still the same process
             per[name] = per.get(name, 0.0) + (after[pid][1] - secs) * 60 / seconds
+        elif name:
+            print(f"  (process {pid} {name} ended during the measurement: its CPU is left out)")
     print(f"\nidle cluster, {seconds:.0f} s after a 30 s settle: {sum(per.values()):.2f} CPU-s a minute (" + ", ".join(
         f"{k} {v:.2f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])) + ")")
 

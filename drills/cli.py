@@ -1,8 +1,8 @@
 """The `drills` command: every subcommand's arguments, and every error mapped to an exit code.
 
 Exit codes of every drill command: 0 all pass, 1 a fail, 2 bad input or a refused target (nothing mutated),
-3 inconclusive (drills.core.errors).  What each subcommand does is drills.commands (main, or a module of its own).  Nothing in the package imports
-this module.
+3 inconclusive (drills.core.errors).  What each subcommand does is drills.commands (main, or a module of its
+own).  Nothing in the package imports this module.
 """
 from __future__ import annotations
 

@@ -230,8 +230,9 @@ class Releaser:
                         print(f"releaser: release {ns}/{name} failed: {e.status}", file=sys.stderr, flush=True)
                 with self.lock:
                     self.pending.pop((ns, name), None)
-            if not keys:        # asleep until the next pod falls due, or a pod or the holds change (an idle
-                # cluster's releaser costs no CPU); a minute at most, and a stop wakes it
+            if not keys and not self.stop.is_set():     # asleep until the next pod falls due, or a pod or the
+                # holds change (an idle cluster's releaser costs no CPU); a minute at most, and a stop wakes it (one
+                # set between the loop's check and the clear above is seen here)
                 self.wake.wait(60.0 if due is None else min(60.0, max(0.0, due - time.monotonic())))
             # twenty decisions a second at most: pod events come in bursts
             self.stop.wait(max(0.0, decided + 0.05 - time.monotonic()))
@@ -258,12 +259,15 @@ def main(argv=None) -> int:
     _wait_for_cluster(args.kubeconfig)
     api = new_client(args.kubeconfig, agent="drills-releaser/0.1")
     r = Releaser(api)
-    def _term(*_):
+
+    def stop():
         r.stop.set()
         r.wake.set()
         for lw in r.loops:
             lw.stop()
-    signal.signal(signal.SIGTERM, _term)
+    # the handler only starts a thread: an Event set inside the handler could wait on the lock of the Event the
+    # main thread was waiting on when the signal came (a lock it holds itself)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=stop, daemon=True).start())
     r.run()
     return 0
 
