@@ -19,7 +19,7 @@ import yaml
 
 from .core import about, config
 from . import routers
-from .core.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
+from .core.errors import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput, err
 from .core.pipes import readers_may_leave
 from .core.signals import Interrupted, SignalGuard
 
@@ -41,10 +41,6 @@ class _Command:
 
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def err(msg: str) -> None:
-    print(f"drills: {msg}", file=sys.stderr, flush=True)
 
 
 class _LazyHelp(argparse.HelpFormatter):

@@ -4,17 +4,12 @@ recorder, the charts), only the toolchain and the embedded cluster; a test run c
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from ..cluster import ClusterError, ClusterInputError, EmbeddedCluster, remains
-from ..core.errors import EXIT_FAIL, EXIT_OK, BadInput
+from ..core.errors import EXIT_FAIL, EXIT_OK, BadInput, err
 from ..toolchain import BuildError, Toolchain, components_for, resolve_controller_versions
 from ..toolchain.components import optional_components
-
-
-def err(msg: str) -> None:
-    print(f"drills: {msg}", file=sys.stderr, flush=True)
 
 
 # --- toolchain -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ..cluster import ClusterError, ClusterInputError, EmbeddedCluster
 from ..cluster.embedded import audit_log_for
 from ..cluster.external_metrics import ExternalMetricsError
 from ..cluster.namespaces import drop_namespace, make_namespace, namespace_name
-from ..core.errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput
+from ..core.errors import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, BadInput, err
 from ..charts.fleet import Fleet, base_sources, check_base_version
 from ..charts.helm import Helm, HelmError
 from ..kube.kubeconfig import files_of
@@ -45,10 +45,6 @@ from ..drill.watchdog import Watchdog, cluster_processes, processes_alive
 MAX_PROBE_REPLICAS = 500       # the fleet's largest autoscaler maximum (360) with room; fake nodes hold them
 DEFAULT_LIVE_B_S = 3600.0       # how long live lane B waits for the next deploy by default
 MAX_HOLD_SECONDS = 600.0
-
-
-def err(msg: str) -> None:
-    print(f"drills: {msg}", file=sys.stderr, flush=True)
 
 
 def _progress(msg: str) -> None:

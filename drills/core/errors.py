@@ -8,6 +8,8 @@ the command line maps it to exit 2 with one line.  Nothing in this module import
 """
 from __future__ import annotations
 
+import sys
+
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 EXIT_PRECEDENCE = (EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE)
 
@@ -34,3 +36,8 @@ def combine_exit_codes(*codes: int) -> int:
         if c in codes:
             return c
     return max(codes) if codes else EXIT_OK
+
+
+def err(msg: str) -> None:
+    """A command's error line on stderr, as every drills command writes it."""
+    print(f"drills: {msg}", file=sys.stderr, flush=True)
